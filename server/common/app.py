@@ -1,0 +1,64 @@
+"""Builds the FastAPI app of a model server around any ``GenerationBackend``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.common.backend import GenerationBackend
+from server.common.metrics import ServerMetrics
+from server.common.native_routes import build_native_router
+from server.common.openai_routes import build_openai_router
+from server.common.service import GenerationService, ServingSettings
+from utils.errors import install_error_handlers
+
+
+class _RequestCounter:
+    """Counts POST requests by path and status (pure ASGI: streaming and disconnects intact)."""
+
+    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status = str(message["status"])
+                self.metrics.requests.labels(scope["path"], status).inc()
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
+
+
+def create_server_app(
+    backend: GenerationBackend, settings: ServingSettings, *, title: str = "LLM server"
+) -> FastAPI:
+    """The ASGI app serving native and OpenAI-compatible APIs over ``backend``.
+
+    The backend's engine starts with the app's lifespan and stops with it.
+    """
+    metrics = ServerMetrics(backend.load_report)
+    service = GenerationService(backend, settings, metrics)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await backend.start()
+        try:
+            yield
+        finally:
+            await backend.shutdown()
+
+    app = FastAPI(title=title, lifespan=lifespan)
+    app.state.service = service
+    install_error_handlers(app)
+    app.add_middleware(_RequestCounter, metrics=metrics)
+    app.include_router(build_native_router(service))
+    app.include_router(build_openai_router(service))
+    return app

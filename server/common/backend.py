@@ -1,0 +1,85 @@
+"""The interface between the HTTP layer and a batching engine (static or continuous).
+
+The HTTP layer (``server.common.routes``) turns API requests into ``SequenceRequest`` objects
+and consumes the ``TextDelta`` batches that a backend streams back. A backend never sees HTTP.
+"""
+
+from __future__ import annotations
+
+import abc
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from protocol.generation import FinishReason, GenerationConfig
+from protocol.health import LoadReport, ServerKind
+
+
+@dataclass
+class SequenceRequest:
+    """One prompt to generate for, already tokenized.
+
+    ``config.max_new_tokens`` is always set (resolved against the context length).
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    config: GenerationConfig
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Length of the prompt in tokens."""
+        return len(self.prompt_token_ids)
+
+
+@dataclass
+class TextDelta:
+    """New output of one choice of a request.
+
+    ``text`` is the new text since the previous delta of that choice (may be empty),
+    ``num_new_tokens`` the tokens it came from; ``finish_reason`` is set on the last delta
+    of the choice, which may also carry text.
+    """
+
+    index: int
+    text: str
+    num_new_tokens: int
+    finish_reason: FinishReason | None = None
+    token_ids: list[int] = field(default_factory=list)
+
+
+class GenerationBackend(abc.ABC):
+    """A loaded model plus its batching engine, seen from the HTTP layer."""
+
+    kind: ServerKind
+    model_id: str
+    max_model_len: int
+    tokenizer: Any
+
+    @abc.abstractmethod
+    async def start(self) -> None:
+        """Start the engine's background work (called once, inside the event loop)."""
+
+    @abc.abstractmethod
+    async def shutdown(self) -> None:
+        """Stop the engine; requests still running end with finish_reason "abort"."""
+
+    @abc.abstractmethod
+    def stream(self, request: SequenceRequest) -> AsyncIterator[list[TextDelta]]:
+        """Generate for ``request``, yielding batches of deltas until every choice finished.
+
+        Closing the iterator early (client gone, timeout) aborts the request and frees
+        whatever it held. Raises ``utils.errors.APIError`` for refusals (overload: 503).
+        """
+
+    @abc.abstractmethod
+    def load_report(self) -> LoadReport:
+        """Current queue and cache figures for ``GET /health``."""
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """Token ids that end a sequence (from the tokenizer and generation config)."""
+        eos = getattr(self.tokenizer, "eos_token_id", None)
+        return [eos] if isinstance(eos, int) else list(eos or [])

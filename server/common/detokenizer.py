@@ -1,0 +1,92 @@
+"""Incremental detokenization with stop strings, shared by both batching engines.
+
+Text is emitted only once it is final: never half a UTF-8 character (byte-level BPE can split
+one over several tokens), and never the start of what may turn out to be a stop string.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text deltas and detects stop strings."""
+
+    def __init__(self, tokenizer: Any, stop: list[str] | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._stop = [s for s in (stop or []) if s]
+        self._max_stop_len = max((len(s) for s in self._stop), default=0)
+        self._token_ids: list[int] = []
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self._text = ""  # decoded text so far (truncated at a stop string once found)
+        self._num_emitted_chars = 0
+        self.is_stopped = False
+
+    @property
+    def text(self) -> str:
+        """All text decoded so far (cut before a matched stop string)."""
+        return self._text
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add_tokens(self, token_ids: list[int]) -> str:
+        """Append tokens and return the new final text (maybe empty).
+
+        After a stop string matched, ``is_stopped`` is true and further tokens are ignored.
+        """
+        if self.is_stopped:
+            return ""
+        self._token_ids.extend(token_ids)
+        # Decode a window that starts a little before the unread part so that
+        # tokenizers that merge across tokens (spaces, multi-byte chars) decode right.
+        prefix_text = self._decode(self._token_ids[self._prefix_offset : self._read_offset])
+        full_text = self._decode(self._token_ids[self._prefix_offset :])
+        if full_text.endswith(REPLACEMENT_CHAR) or len(full_text) < len(prefix_text):
+            return self._release(is_final=False)  # an incomplete character: wait
+        new_text = full_text[len(prefix_text) :]
+        self._prefix_offset = self._read_offset
+        self._read_offset = len(self._token_ids)
+        search_from = max(0, len(self._text) - self._max_stop_len + 1)
+        self._text += new_text
+        if self._stop:
+            cut = self._find_stop(search_from)
+            if cut is not None:
+                self._text = self._text[:cut]
+                self.is_stopped = True
+                return self._release(is_final=True)
+        return self._release(is_final=False)
+
+    def _find_stop(self, search_from: int) -> int | None:
+        positions = [self._text.find(s, search_from) for s in self._stop]
+        found = [p for p in positions if p >= 0]
+        return min(found) if found else None
+
+    def _held_back(self) -> int:
+        """Characters at the end of the text that could begin a stop string."""
+        for size in range(min(self._max_stop_len - 1, len(self._text)), 0, -1):
+            tail = self._text[-size:]
+            if any(s.startswith(tail) for s in self._stop):
+                return size
+        return 0
+
+    def _release(self, is_final: bool) -> str:
+        end = len(self._text) if is_final else len(self._text) - self._held_back()
+        if end <= self._num_emitted_chars:
+            return ""
+        delta = self._text[self._num_emitted_chars : end]
+        self._num_emitted_chars = end
+        return delta
+
+    def flush(self) -> str:
+        """Release everything held back (call when the sequence has finished)."""
+        if not self.is_stopped and self._read_offset < len(self._token_ids):
+            # Trailing tokens that never formed a full character: emit what decodes.
+            full_text = self._decode(self._token_ids[self._prefix_offset :])
+            prefix_text = self._decode(self._token_ids[self._prefix_offset : self._read_offset])
+            self._text += full_text[len(prefix_text) :]
+            self._read_offset = len(self._token_ids)
+        return self._release(is_final=True)

@@ -1,0 +1,69 @@
+"""Prometheus metrics of a model server (one registry per app, so tests can build many)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from protocol.health import LoadReport
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+_TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5)
+
+
+class _LoadCollector(Collector):
+    """Reads the backend's load report at scrape time, so gauges are never stale."""
+
+    def __init__(self, read_load: Callable[[], LoadReport]) -> None:
+        self._read_load = read_load
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        load = self._read_load()
+        for name, value in load.model_dump().items():
+            if value is not None:
+                yield GaugeMetricFamily(f"llm_{name}", f"Current {name.replace('_', ' ')}", value)
+
+
+class ServerMetrics:
+    """Request outcomes, token counts and latencies of one model server."""
+
+    def __init__(self, read_load: Callable[[], LoadReport]) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "llm_requests",
+            "Requests by endpoint and outcome",
+            ["endpoint", "outcome"],
+            registry=self.registry,
+        )
+        self.prompt_tokens = Counter(
+            "llm_prompt_tokens", "Prompt tokens processed", registry=self.registry
+        )
+        self.generation_tokens = Counter(
+            "llm_generation_tokens", "Tokens generated", registry=self.registry
+        )
+        self.time_to_first_token = Histogram(
+            "llm_time_to_first_token_seconds",
+            "Time from arrival to the first generated text",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.time_per_output_token = Histogram(
+            "llm_time_per_output_token_seconds",
+            "Mean time per generated token after the first, per request",
+            buckets=_TOKEN_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e_latency = Histogram(
+            "llm_e2e_request_latency_seconds",
+            "Time from arrival to the last token",
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(_LoadCollector(read_load))
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

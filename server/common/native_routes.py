@@ -1,0 +1,84 @@
+"""Native API of a model server: ``POST /generate``, ``GET /health``, ``GET /metrics``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from protocol.generation import (
+    Choice,
+    GenerateRequest,
+    GenerateResponse,
+    GenerateStreamChunk,
+)
+from protocol.health import HealthResponse
+from server.common.backend import TextDelta
+from server.common.service import GenerationService, Job, new_request_id
+from utils.http import prime, run_unless_disconnected, sse_response
+from utils.sse import encode_event
+
+
+def _native_job(service: GenerationService, body: GenerateRequest) -> Job:
+    service.check_model(body.model)
+    if body.messages is not None:
+        prompt = service.prompts.render_chat(body.messages)
+        token_ids = service.prompts.encode(prompt, is_chat=True)
+    else:
+        token_ids = service.prompts.encode(body.prompt or "")
+    return service.make_job(new_request_id("gen"), [token_ids], body.generation_config)
+
+
+async def _native_events(
+    service: GenerationService, job: Job, deltas: AsyncIterator[TextDelta]
+) -> AsyncIterator[bytes]:
+    num_tokens = 0
+    async for delta in deltas:
+        num_tokens += delta.num_new_tokens
+        choice = Choice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason)
+        if choice.text or choice.finish_reason:
+            chunk = GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=[choice])
+            yield encode_event(chunk)
+    usage_chunk = GenerateStreamChunk(
+        id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
+    )
+    yield encode_event(usage_chunk)
+
+
+def build_native_router(service: GenerationService) -> APIRouter:
+    """Routes of the native API over ``service``."""
+    router = APIRouter()
+
+    @router.post("/generate", response_model=GenerateResponse)
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        job = _native_job(service, body)
+        if body.stream:
+            deltas = await prime(service.iter_deltas(job))
+            return sse_response(_native_events(service, job, deltas))
+        results = await run_unless_disconnected(request, service.collect(job))
+        response = GenerateResponse(
+            id=job.request_id,
+            model=service.model_id,
+            choices=[
+                Choice(index=r.index, text=r.text, finish_reason=r.finish_reason) for r in results
+            ],
+            usage=job.usage(sum(r.num_tokens for r in results)),
+        )
+        return Response(response.model_dump_json(), media_type="application/json")
+
+    @router.get("/health", response_model=HealthResponse)
+    async def health() -> HealthResponse:
+        backend = service.backend
+        return HealthResponse(
+            kind=backend.kind,
+            model=service.model_id,
+            max_model_len=backend.max_model_len,
+            load=backend.load_report(),
+        )
+
+    @router.get("/metrics")
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return router

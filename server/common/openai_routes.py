@@ -1,0 +1,196 @@
+"""OpenAI-compatible API of a model server: completions, chat completions, model list."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import ValidationError
+
+from protocol.generation import GenerationConfig
+from protocol.openai_api import (
+    ChatCompletionChoice,
+    ChatCompletionChunk,
+    ChatCompletionChunkChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatResponseMessage,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    CompletionUsage,
+    ModelCard,
+    ModelList,
+)
+from server.common.backend import TextDelta
+from server.common.service import GenerationService, Job, new_request_id
+from utils.errors import APIError, validation_api_error
+from utils.http import prime, run_unless_disconnected, sse_response
+from utils.sse import encode_event
+
+
+def _generation_config(body: CompletionRequest | ChatCompletionRequest) -> GenerationConfig:
+    try:
+        return body.to_generation_config()
+    except ValidationError as exc:
+        raise validation_api_error(exc) from None
+
+
+def _usage(job: Job, num_tokens: int) -> CompletionUsage:
+    return CompletionUsage(**job.usage(num_tokens).model_dump())
+
+
+def _completion_job(service: GenerationService, body: CompletionRequest) -> Job:
+    service.check_model(body.model)
+    config = _generation_config(body)
+    if body.echo:
+        raise APIError(400, "'echo' is not supported", param="echo")
+    prompts = [
+        service.prompts.check_token_ids(p) if isinstance(p, list) else service.prompts.encode(p)
+        for p in body.prompts()
+    ]
+    return service.make_job(new_request_id("cmpl"), prompts, config)
+
+
+def _chat_job(service: GenerationService, body: ChatCompletionRequest) -> Job:
+    service.check_model(body.model)
+    config = _generation_config(body)
+    prompt = service.prompts.render_chat(
+        body.messages,
+        add_generation_prompt=body.add_generation_prompt,
+        continue_final_message=body.continue_final_message,
+        template_kwargs=body.chat_template_kwargs,
+    )
+    token_ids = service.prompts.encode(prompt, is_chat=True)
+    return service.make_job(new_request_id("chatcmpl"), [token_ids], config)
+
+
+async def _completion_events(
+    service: GenerationService,
+    job: Job,
+    deltas: AsyncIterator[TextDelta],
+    is_usage_streamed: bool,
+) -> AsyncIterator[bytes]:
+    num_tokens = 0
+    async for delta in deltas:
+        num_tokens += delta.num_new_tokens
+        if not delta.text and delta.finish_reason is None:
+            continue
+        choice = CompletionChoice(
+            index=delta.index, text=delta.text, finish_reason=delta.finish_reason
+        )
+        yield encode_event(
+            CompletionResponse(id=job.request_id, model=service.model_id, choices=[choice])
+        )
+    if is_usage_streamed:
+        yield encode_event(
+            CompletionResponse(
+                id=job.request_id, model=service.model_id, choices=[], usage=_usage(job, num_tokens)
+            )
+        )
+
+
+async def _chat_events(
+    service: GenerationService,
+    job: Job,
+    deltas: AsyncIterator[TextDelta],
+    is_usage_streamed: bool,
+) -> AsyncIterator[bytes]:
+    num_tokens = 0
+    has_role: set[int] = set()
+
+    def chunk(choice: ChatCompletionChunkChoice) -> bytes:
+        return encode_event(
+            ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=[choice])
+        )
+
+    async for delta in deltas:
+        num_tokens += delta.num_new_tokens
+        if delta.index not in has_role:
+            # OpenAI opens every choice with a role-only delta; SDK helpers expect it.
+            has_role.add(delta.index)
+            yield chunk(
+                ChatCompletionChunkChoice(
+                    index=delta.index, delta=ChatDelta(role="assistant", content="")
+                )
+            )
+        if delta.text:
+            yield chunk(
+                ChatCompletionChunkChoice(index=delta.index, delta=ChatDelta(content=delta.text))
+            )
+        if delta.finish_reason is not None:
+            yield chunk(
+                ChatCompletionChunkChoice(
+                    index=delta.index, delta=ChatDelta(), finish_reason=delta.finish_reason
+                )
+            )
+    if is_usage_streamed:
+        yield encode_event(
+            ChatCompletionChunk(
+                id=job.request_id, model=service.model_id, choices=[], usage=_usage(job, num_tokens)
+            )
+        )
+
+
+def _json(model: CompletionResponse | ChatCompletionResponse) -> Response:
+    return Response(model.model_dump_json(), media_type="application/json")
+
+
+def build_openai_router(service: GenerationService) -> APIRouter:
+    """Routes of the OpenAI-compatible API over ``service``."""
+    router = APIRouter(prefix="/v1")
+
+    @router.post("/completions", response_model=CompletionResponse)
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        job = _completion_job(service, body)
+        if body.stream:
+            deltas = await prime(service.iter_deltas(job))
+            return sse_response(_completion_events(service, job, deltas, body.is_usage_streamed))
+        results = await run_unless_disconnected(request, service.collect(job))
+        return _json(
+            CompletionResponse(
+                id=job.request_id,
+                model=service.model_id,
+                choices=[
+                    CompletionChoice(index=r.index, text=r.text, finish_reason=r.finish_reason)
+                    for r in results
+                ],
+                usage=_usage(job, sum(r.num_tokens for r in results)),
+            )
+        )
+
+    @router.post("/chat/completions", response_model=ChatCompletionResponse)
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        job = _chat_job(service, body)
+        if body.stream:
+            deltas = await prime(service.iter_deltas(job))
+            return sse_response(_chat_events(service, job, deltas, body.is_usage_streamed))
+        results = await run_unless_disconnected(request, service.collect(job))
+        return _json(
+            ChatCompletionResponse(
+                id=job.request_id,
+                model=service.model_id,
+                choices=[
+                    ChatCompletionChoice(
+                        index=r.index,
+                        message=ChatResponseMessage(content=r.text),
+                        finish_reason=r.finish_reason,
+                    )
+                    for r in results
+                ],
+                usage=_usage(job, sum(r.num_tokens for r in results)),
+            )
+        )
+
+    @router.get("/models", response_model=ModelList)
+    async def models() -> ModelList:
+        return ModelList(
+            data=[
+                ModelCard(id=name, max_model_len=service.backend.max_model_len)
+                for name in service.settings.served_model_names
+            ]
+        )
+
+    return router

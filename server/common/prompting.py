@@ -1,0 +1,99 @@
+"""Turning API inputs into token ids: chat templates, tokenization and context-length checks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from protocol.generation import ChatMessage, GenerationConfig
+from utils.errors import APIError
+
+
+class PromptProcessor:
+    """Renders chat messages, tokenizes prompts and resolves ``max_new_tokens``.
+
+    Every refusal is an ``APIError(400)`` whose message gives the numbers involved.
+    """
+
+    def __init__(self, tokenizer: Any, max_model_len: int, default_max_new_tokens: int) -> None:
+        self.tokenizer = tokenizer
+        self.max_model_len = max_model_len
+        self.default_max_new_tokens = default_max_new_tokens
+
+    def render_chat(
+        self,
+        messages: list[ChatMessage],
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
+    ) -> str:
+        """Render ``messages`` with the model's chat template into one prompt string."""
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise APIError(
+                400,
+                "this model has no chat template; send a plain 'prompt' (or use "
+                "/v1/completions) instead of 'messages'",
+                param="messages",
+            )
+        conversation = [
+            # Templates rarely know the newer "developer" role; it means "system".
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in messages
+        ]
+        try:
+            return self.tokenizer.apply_chat_template(
+                conversation,
+                tokenize=False,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **(template_kwargs or {}),
+            )
+        except Exception as exc:  # template errors (e.g. raise_exception) are the caller's
+            raise APIError(400, f"cannot render messages with the chat template: {exc}") from exc
+
+    def encode(self, prompt: str, *, is_chat: bool = False) -> list[int]:
+        """Tokenize ``prompt``; a rendered chat prompt already holds its special tokens."""
+        return list(self.tokenizer(prompt, add_special_tokens=not is_chat)["input_ids"])
+
+    def check_token_ids(self, token_ids: list[int]) -> list[int]:
+        """Validate a prompt given as token ids."""
+        vocab_size = len(self.tokenizer)
+        bad = [t for t in token_ids if not 0 <= t < vocab_size]
+        if bad:
+            raise APIError(
+                400, f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})"
+            )
+        return token_ids
+
+    def resolve_config(self, num_prompt_tokens: int, config: GenerationConfig) -> GenerationConfig:
+        """Return ``config`` with ``max_new_tokens`` set, or refuse what cannot fit."""
+        if num_prompt_tokens == 0:
+            raise APIError(400, "the prompt is empty", param="prompt")
+        room = self.max_model_len - num_prompt_tokens
+        if room < 1:
+            raise APIError(
+                400,
+                f"the prompt is {num_prompt_tokens} tokens long but this model's context is "
+                f"{self.max_model_len} tokens; shorten the prompt by at least {1 - room} tokens",
+                param="prompt",
+            )
+        if config.max_new_tokens is None:
+            max_new_tokens = min(self.default_max_new_tokens, room)
+        elif config.max_new_tokens > room:
+            raise APIError(
+                400,
+                f"the prompt ({num_prompt_tokens} tokens) plus max_new_tokens "
+                f"({config.max_new_tokens}) exceeds this model's context of "
+                f"{self.max_model_len} tokens; ask for at most {room} new tokens",
+                param="max_new_tokens",
+            )
+        else:
+            max_new_tokens = config.max_new_tokens
+        if config.min_new_tokens > max_new_tokens:
+            raise APIError(
+                400,
+                f"min_new_tokens ({config.min_new_tokens}) is more than the {max_new_tokens} "
+                "new tokens that fit",
+                param="min_new_tokens",
+            )
+        return config.model_copy(update={"max_new_tokens": max_new_tokens})

@@ -1,0 +1,194 @@
+"""Runs API requests on a backend: prompts in, merged text deltas out, with timeouts and metrics.
+
+Both the native and the OpenAI-compatible routes go through ``GenerationService``; only the
+response formatting differs between them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from protocol.generation import FinishReason, GenerationConfig, Usage
+from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
+from server.common.metrics import ServerMetrics
+from server.common.prompting import PromptProcessor
+from utils.errors import APIError
+
+
+@dataclass
+class ServingSettings:
+    """What the HTTP layer needs to know beyond the backend itself."""
+
+    served_model_names: list[str]
+    default_max_new_tokens: int = 256
+    request_timeout_seconds: float = 600.0
+
+
+@dataclass
+class ChoiceResult:
+    """The accumulated output of one choice."""
+
+    index: int
+    text_parts: list[str] = field(default_factory=list)
+    num_tokens: int = 0
+    finish_reason: FinishReason | None = None
+
+    @property
+    def text(self) -> str:
+        """The whole generated text of the choice."""
+        return "".join(self.text_parts)
+
+
+@dataclass
+class Job:
+    """The sequence requests that one API call expands into (one per prompt)."""
+
+    request_id: str
+    sequences: list[SequenceRequest]
+    num_choices_per_sequence: int
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        """Prompt tokens over all prompts of the call."""
+        return sum(s.num_prompt_tokens for s in self.sequences)
+
+    def usage(self, num_completion_tokens: int) -> Usage:
+        """Usage figures for the call."""
+        return Usage(
+            prompt_tokens=self.num_prompt_tokens,
+            completion_tokens=num_completion_tokens,
+            total_tokens=self.num_prompt_tokens + num_completion_tokens,
+        )
+
+
+def new_request_id(prefix: str) -> str:
+    """A unique id such as ``chatcmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+class GenerationService:
+    """Validates inputs against the model and runs jobs on the backend."""
+
+    def __init__(
+        self, backend: GenerationBackend, settings: ServingSettings, metrics: ServerMetrics
+    ) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.metrics = metrics
+        self.prompts = PromptProcessor(
+            backend.tokenizer, backend.max_model_len, settings.default_max_new_tokens
+        )
+
+    @property
+    def model_id(self) -> str:
+        """The name this server answers with."""
+        return self.settings.served_model_names[0]
+
+    def check_model(self, model: str | None) -> None:
+        """Refuse a request for a model this server does not serve (404)."""
+        if model and model not in self.settings.served_model_names:
+            served = ", ".join(self.settings.served_model_names)
+            raise APIError(
+                404,
+                f"model '{model}' is not served here; this server serves: {served}",
+                param="model",
+            )
+
+    def make_job(self, request_id: str, prompts: list[list[int]], config: GenerationConfig) -> Job:
+        """Resolve the config against each prompt's length and build the job."""
+        sequences = []
+        for i, token_ids in enumerate(prompts):
+            resolved = self.prompts.resolve_config(len(token_ids), config)
+            sequences.append(SequenceRequest(f"{request_id}-{i}", token_ids, resolved))
+        return Job(request_id, sequences, config.num_return_sequences)
+
+    async def iter_deltas(self, job: Job) -> AsyncIterator[TextDelta]:
+        """All deltas of the job, choice indices made global (prompt i, choice j -> i*n+j).
+
+        Raises ``APIError(504)`` when the request timeout passes.
+        """
+        try:
+            async with asyncio.timeout(self.settings.request_timeout_seconds):
+                if len(job.sequences) == 1:
+                    async for delta in self._iter_sequence(job.sequences[0], 0):
+                        yield delta
+                else:
+                    async for delta in self._merge(job):
+                        yield delta
+        except TimeoutError:
+            raise APIError(
+                504,
+                f"the request did not finish within {self.settings.request_timeout_seconds:g} s",
+            ) from None
+
+    async def _iter_sequence(self, seq: SequenceRequest, offset: int) -> AsyncIterator[TextDelta]:
+        self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
+        first_token_time: float | None = None
+        num_tokens = 0
+        stream = self.backend.stream(seq)
+        try:
+            async for deltas in stream:
+                for delta in deltas:
+                    if first_token_time is None and delta.num_new_tokens:
+                        first_token_time = time.monotonic()
+                        self.metrics.time_to_first_token.observe(
+                            first_token_time - seq.arrival_time
+                        )
+                    num_tokens += delta.num_new_tokens
+                    delta.index += offset
+                    yield delta
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+            self.metrics.generation_tokens.inc(num_tokens)
+            now = time.monotonic()
+            self.metrics.e2e_latency.observe(now - seq.arrival_time)
+            if first_token_time is not None and num_tokens > 1:
+                self.metrics.time_per_output_token.observe(
+                    (now - first_token_time) / (num_tokens - 1)
+                )
+
+    async def _merge(self, job: Job) -> AsyncIterator[TextDelta]:
+        """Interleave the deltas of several prompts as they come."""
+        queue: asyncio.Queue[TextDelta | BaseException | None] = asyncio.Queue()
+
+        async def pump(seq: SequenceRequest, offset: int) -> None:
+            try:
+                async for delta in self._iter_sequence(seq, offset):
+                    queue.put_nowait(delta)
+                queue.put_nowait(None)
+            except Exception as exc:  # handed to the consumer, which re-raises
+                queue.put_nowait(exc)
+
+        n = job.num_choices_per_sequence
+        tasks = [asyncio.create_task(pump(seq, i * n)) for i, seq in enumerate(job.sequences)]
+        try:
+            num_open = len(tasks)
+            while num_open:
+                item = await queue.get()
+                if item is None:
+                    num_open -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()
+            with contextlib.suppress(BaseException):
+                await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def collect(self, job: Job) -> list[ChoiceResult]:
+        """Run the job to the end and return every choice, ordered by index."""
+        results: dict[int, ChoiceResult] = {}
+        async for delta in self.iter_deltas(job):
+            result = results.setdefault(delta.index, ChoiceResult(delta.index))
+            result.text_parts.append(delta.text)
+            result.num_tokens += delta.num_new_tokens
+            if delta.finish_reason is not None:
+                result.finish_reason = delta.finish_reason
+        return [results[i] for i in sorted(results)]

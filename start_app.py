@@ -1,0 +1,1017 @@
+#!/usr/bin/env python3
+"""Launch, watch and stop the suite's apps: gunicorn masters with uvicorn workers, in background.
+
+Every app (the gateway ``client`` and the servers ``cb_server`` / ``sb_server``) runs as::
+
+    <python> -m gunicorn "MODULE:build_app('CONFIG')" --worker-class uvicorn_worker.UvicornWorker \
+        --bind HOST:PORT --workers N --timeout 600 --graceful-timeout 30 --pid RUN/NAME.pid
+
+in a session of its own, with stdout/stderr in ``RUN/logs/NAME.log`` and a record in
+``RUN/NAME.json`` so that ``down``, ``stop`` and ``status`` find it again from another shell.
+``RUN`` is ``<repo>/run`` unless ``--run-dir``, the environment variable ``LLM_SUITE_RUN_DIR``
+or the deployment's ``run_dir`` says otherwise (in that order of precedence).
+
+Deployments are JSON files (``configs/deployment.json`` by default) validated by the pydantic
+models below; relative paths in them are relative to the repository root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+REPO_ROOT: Path = Path(__file__).resolve().parent
+RUN_DIR_ENV: str = "LLM_SUITE_RUN_DIR"
+DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"
+DEFAULT_HEALTH_TIMEOUT: float = 180.0
+#: How long ``down``/``stop`` wait after SIGTERM before SIGKILL of the whole process group.
+STOP_GRACE_SECONDS: float = 20.0
+LOG_TAIL_LINES: int = 40
+
+AppKindName = Literal["client", "cb_server", "sb_server"]
+
+
+@dataclass(frozen=True)
+class AppKind:
+    """What start_app knows about one of the suite's apps."""
+
+    module: str
+    default_config: str
+    default_port: int
+    #: Servers start before the gateway, so that its first heartbeat already finds them.
+    role: Literal["server", "gateway"]
+
+
+APP_KINDS: dict[str, AppKind] = {
+    "client": AppKind("client_app", "configs/client_config.json", 8000, "gateway"),
+    "cb_server": AppKind(
+        "continuous_batching_server_app", "configs/cb_server_config.json", 8001, "server"
+    ),
+    "sb_server": AppKind(
+        "static_batching_server_app", "configs/sb_server_config.json", 8002, "server"
+    ),
+}
+
+# Names become file names in the run folder: keep them to a safe alphabet.
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
+MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+
+
+class AppEntry(BaseModel):
+    """One app of a deployment file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN, description="unique name: record, pid and log files")
+    app: AppKindName | None = Field(default=None, description="which app of the suite to run")
+    module: str | None = Field(
+        default=None,
+        pattern=MODULE_PATTERN,
+        description="import this module's build_app instead of the app's own (tests, plugins)",
+    )
+    config: str | None = Field(default=None, description="config file passed to build_app")
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    workers: int = Field(default=1, ge=1, le=64)
+    enabled: bool = True
+    pythonpath: list[str] = Field(
+        default_factory=list, description="folders put in front of PYTHONPATH for this app"
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
+    health_timeout_seconds: float = Field(default=DEFAULT_HEALTH_TIMEOUT, gt=0)
+
+    @model_validator(mode="after")
+    def _app_or_module(self) -> AppEntry:
+        if self.app is None and self.module is None:
+            raise ValueError(f"give 'app' (one of {', '.join(APP_KINDS)}) or 'module'")
+        return self
+
+    @property
+    def module_name(self) -> str:
+        """The Python module whose ``build_app`` gunicorn imports."""
+        if self.module:
+            return self.module
+        assert self.app is not None  # guaranteed by _app_or_module
+        return APP_KINDS[self.app].module
+
+    @property
+    def role(self) -> str:
+        """``gateway`` for the client app, ``server`` for everything else."""
+        return APP_KINDS[self.app].role if self.app else "server"
+
+
+class Deployment(BaseModel):
+    """A deployment file: which apps to run, where, with which configs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run_dir: str | None = Field(default=None, description="pid/log folder (default <repo>/run)")
+    apps: list[AppEntry] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Deployment:
+        names = [a.name for a in self.apps]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ValueError(f"app names must be unique; repeated: {', '.join(duplicates)}")
+        seen: dict[int, str] = {}
+        for entry in self.apps:
+            if not entry.enabled:
+                continue
+            if entry.port in seen:
+                raise ValueError(
+                    f"enabled apps {seen[entry.port]!r} and {entry.name!r} "
+                    f"both use port {entry.port}"
+                )
+            seen[entry.port] = entry.name
+        return self
+
+
+class AppRecord(BaseModel):
+    """What ``RUN/NAME.json`` remembers about a started app."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str
+    app: str | None
+    module: str
+    config: str | None
+    host: str
+    port: int
+    workers: int
+    pid: int
+    pgid: int
+    log_file: str
+    pid_file: str
+    started_at: float
+    command: list[str]
+
+    @property
+    def url(self) -> str:
+        """Base URL clients use to reach the app."""
+        return base_url(self.host, self.port)
+
+
+class StartAppError(RuntimeError):
+    """A problem reported to the user as one clear message (no traceback)."""
+
+
+def _say(message: str = "") -> None:
+    print(message, flush=True)
+
+
+def _err(message: str) -> None:
+    print(f"error: {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- paths and files
+
+
+def resolve_path(value: str | os.PathLike[str]) -> Path:
+    """Resolve a path from a deployment file: relative means relative to the repository root."""
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (REPO_ROOT / path)
+
+
+def _format_loc(loc: Sequence[int | str]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def load_deployment(path: str | os.PathLike[str]) -> Deployment:
+    """Read and validate a deployment file.
+
+    Raises :class:`StartAppError` whose message names the file, the key and the problem.
+    """
+    file = resolve_path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise StartAppError(f"cannot read deployment file {file}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise StartAppError(
+            f"deployment file {file} is not valid JSON: {exc.msg} "
+            f"(line {exc.lineno}, column {exc.colno})"
+        ) from None
+    try:
+        return Deployment.model_validate(data)
+    except ValidationError as exc:
+        lines = [f"bad deployment file {file}:"]
+        for error in exc.errors():
+            key = _format_loc(error["loc"])
+            detail = error["msg"]
+            if error["type"] != "missing" and "input" in error:
+                detail += f" (got {json.dumps(error['input'], default=str)[:80]})"
+            lines.append(f"  {key}: {detail}")
+        raise StartAppError("\n".join(lines)) from None
+
+
+def resolve_run_dir(cli_value: str | None = None, deployment: Deployment | None = None) -> Path:
+    """Pick the run folder: ``--run-dir``, then ``$LLM_SUITE_RUN_DIR``, deployment, default."""
+    if cli_value:
+        return resolve_path(cli_value)
+    env_value = os.environ.get(RUN_DIR_ENV)
+    if env_value:
+        return resolve_path(env_value)
+    if deployment is not None and deployment.run_dir:
+        return resolve_path(deployment.run_dir)
+    return REPO_ROOT / "run"
+
+
+def record_path(run_dir: Path, name: str) -> Path:
+    """Where the record of app ``name`` lives."""
+    return run_dir / f"{name}.json"
+
+
+def pid_path(run_dir: Path, name: str) -> Path:
+    """Where gunicorn writes the master pid of app ``name``."""
+    return run_dir / f"{name}.pid"
+
+
+def log_path(run_dir: Path, name: str) -> Path:
+    """Where the output of app ``name`` goes."""
+    return run_dir / "logs" / f"{name}.log"
+
+
+def read_record(run_dir: Path, name: str) -> AppRecord | None:
+    """Return the record of ``name``, or None when there is none (or it is unreadable)."""
+    path = record_path(run_dir, name)
+    try:
+        return AppRecord.model_validate_json(path.read_text())
+    except (OSError, ValidationError, ValueError):
+        return None
+
+
+def list_records(run_dir: Path) -> list[AppRecord]:
+    """All readable records in ``run_dir``, oldest start first."""
+    records = []
+    if run_dir.is_dir():
+        for path in run_dir.glob("*.json"):
+            record = read_record(run_dir, path.stem)
+            if record is not None:
+                records.append(record)
+    return sorted(records, key=lambda r: r.started_at)
+
+
+def _remove_record(run_dir: Path, name: str) -> None:
+    for path in (record_path(run_dir, name), pid_path(run_dir, name), run_dir / f"{name}.ctl"):
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
+    """Return the last ``n`` lines of a text file (empty when it does not exist)."""
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            # Logs may be large: read only as much of the end as the lines need.
+            chunk = min(size, max(64 * 1024, n * 400))
+            handle.seek(size - chunk)
+            data = handle.read()
+    except OSError:
+        return []
+    return data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
+
+
+@contextlib.contextmanager
+def _start_lock(run_dir: Path) -> Iterator[None]:
+    """Refuse two concurrent ``up``/``start`` runs on one run folder (they would race on ports)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".start.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise StartAppError(
+                f"another start_app.py up/start is running on {run_dir}; wait for it to finish"
+            ) from None
+        yield
+
+
+# ----------------------------------------------------------------------------- processes
+
+
+def _proc_stat(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat after the command name (state first), or None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def pid_alive(pid: int) -> bool:
+    """Tell whether ``pid`` runs. Zombies count as dead.
+
+    Zombies matter here: an app's master is re-parented when start_app exits, and where the new
+    parent (some container inits) never reaps, a dead master would look alive to kill(pid, 0).
+    """
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not Path("/proc/self/stat").exists():
+        return True  # no procfs (not Linux): kill(pid, 0) is all we know
+    stat = _proc_stat(pid)
+    return stat is not None and stat[0] not in ("Z", "X")
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        try:
+            os.killpg(pgid, 0)
+        except (ProcessLookupError, PermissionError):
+            return []
+        return [pgid]
+    members = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        stat = _proc_stat(int(entry.name))
+        if stat and stat[0] not in ("Z", "X") and int(stat[2]) == pgid:
+            members.append(int(entry.name))
+    return members
+
+
+def _is_ours(record: AppRecord) -> bool:
+    """Guard against pid reuse: the live process must be the gunicorn we started."""
+    try:
+        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return pid_alive(record.pid)  # no procfs: trust the record
+    args = [a.decode(errors="replace") for a in cmdline]
+    return "gunicorn" in " ".join(args) and bind_address(record.host, record.port) in args
+
+
+def bind_address(host: str, port: int) -> str:
+    """gunicorn's --bind value (IPv6 literals need brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def base_url(host: str, port: int) -> str:
+    """URL to reach an app bound to ``host``: wildcard binds are reached over loopback."""
+    connect = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    if ":" in connect:
+        connect = f"[{connect}]"
+    return f"http://{connect}:{port}"
+
+
+def port_problem(host: str, port: int) -> str | None:
+    """Return why ``host:port`` cannot be used by a new app, or None if it is free."""
+    connect_host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # Something answering there is a clear "taken", whatever the bind test says.
+    with socket.socket(socket.AF_INET6 if ":" in connect_host else socket.AF_INET) as probe:
+        probe.settimeout(0.5)
+        if probe.connect_ex((connect_host, port)) == 0:
+            return f"port {port} on {host} is already in use (something accepts connections)"
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # Like gunicorn, tolerate TIME_WAIT leftovers of a previous run.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            return f"cannot bind {bind_address(host, port)}: {exc.strerror or exc}"
+    return None
+
+
+def _wait_gone(pid: int, timeout: float, popen: subprocess.Popen[bytes] | None) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if popen is not None:
+            popen.poll()  # reap our own child, or it would linger as a zombie
+        if not pid_alive(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
+def stop_record(
+    record: AppRecord,
+    run_dir: Path,
+    grace: float = STOP_GRACE_SECONDS,
+    popen: subprocess.Popen[bytes] | None = None,
+) -> bool:
+    """Stop one app: SIGTERM to the gunicorn master, then SIGKILL to its process group.
+
+    Returns True when nothing of the app is left running. Removes the record and pid file.
+    """
+    ours = pid_alive(record.pid) and _is_ours(record)
+    if not ours:
+        _say(f"  {record.name}: not running (pid {record.pid} is gone); record removed")
+    else:
+        _say(f"  {record.name}: stopping pid {record.pid} (SIGTERM) ...")
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(record.pid, signal.SIGTERM)
+        if not _wait_gone(record.pid, grace, popen):
+            _say(f"  {record.name}: still running after {grace:.0f} s, sending SIGKILL")
+    # Workers of a master that died hard would be orphans in the group: kill the whole group.
+    if ours or group_members(record.pgid):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(record.pgid, signal.SIGKILL)
+        _wait_gone(record.pid, 5.0, popen)
+        deadline = time.monotonic() + 5.0
+        while group_members(record.pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+    if popen is not None:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            popen.wait(timeout=1)
+    left = group_members(record.pgid) if ours else []
+    if pid_alive(record.pid) and ours:
+        left.append(record.pid)
+    _remove_record(run_dir, record.name)
+    if left:
+        _err(f"{record.name}: processes still running: {sorted(set(left))}")
+        return False
+    if ours:
+        _say(f"  {record.name}: stopped")
+    return True
+
+
+@dataclass
+class StartedApp:
+    """An app launched by this process (the Popen handle lets us reap and poll it)."""
+
+    entry: AppEntry
+    record: AppRecord
+    popen: subprocess.Popen[bytes]
+
+
+def build_command(entry: AppEntry, run_dir: Path) -> list[str]:
+    """The gunicorn command line for ``entry``."""
+    config = str(resolve_path(entry.config)) if entry.config else None
+    # gunicorn parses "module:func(args)" with ast.literal_eval: repr() gives a safe literal.
+    target = (
+        f"{entry.module_name}:build_app({config!r})"
+        if config
+        else f"{entry.module_name}:build_app()"
+    )
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        target,
+        "--worker-class",
+        "uvicorn_worker.UvicornWorker",
+        "--bind",
+        bind_address(entry.host, entry.port),
+        "--workers",
+        str(entry.workers),
+        "--timeout",
+        "600",
+        "--graceful-timeout",
+        "30",
+        "--pid",
+        str(pid_path(run_dir, entry.name)),
+        "--error-logfile",
+        "-",
+        "--access-logfile",
+        "-",
+        *_control_socket_args(run_dir, entry.name),
+    ]
+
+
+def _control_socket_args(run_dir: Path, name: str) -> list[str]:
+    """Give each master its own control socket (gunicorn >= 24 has one).
+
+    By default every master on the machine would share ``~/.gunicorn/gunicorn.ctl``. Unix socket
+    paths are limited to about 107 bytes, so a deep run folder gets none at all.
+    """
+    try:
+        from gunicorn.config import KNOWN_SETTINGS
+    except ImportError:
+        return []
+    if "control_socket" not in {setting.name for setting in KNOWN_SETTINGS}:
+        return []
+    socket_path = run_dir / f"{name}.ctl"
+    if len(str(socket_path).encode()) < 100:
+        return ["--control-socket", str(socket_path)]
+    return ["--no-control-socket"]
+
+
+def build_env(entry: AppEntry) -> dict[str, str]:
+    """Environment of an app: ours, offline model hub, repo and extra folders on PYTHONPATH."""
+    env = dict(os.environ)
+    env.update(
+        {
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "PYTHONUNBUFFERED": "1",  # log lines reach the log file as they happen
+            "LLM_SUITE_APP_NAME": entry.name,
+        }
+    )
+    paths = [str(resolve_path(p)) for p in entry.pythonpath] + [str(REPO_ROOT)]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env.update(entry.env)
+    return env
+
+
+def preflight(entry: AppEntry) -> str | None:
+    """Return why ``entry`` cannot start (missing config, taken port), or None."""
+    if entry.config and not resolve_path(entry.config).is_file():
+        return f"config file {resolve_path(entry.config)} does not exist"
+    return port_problem(entry.host, entry.port)
+
+
+def start_entry(entry: AppEntry, run_dir: Path) -> StartedApp:
+    """Launch one app in the background and write its record (does not wait for health)."""
+    logs = run_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_file = log_path(run_dir, entry.name)
+    if log_file.exists():
+        # Keep one previous log; the fresh one then shows only this run (its tail is the story).
+        log_file.replace(log_file.with_suffix(".log.1"))
+    command = build_command(entry, run_dir)
+    with open(log_file, "ab") as log:
+        log.write(f"# start_app: {' '.join(command)}\n".encode())
+        log.flush()
+        popen = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=build_env(entry),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # A session of its own: Ctrl-C in this shell does not reach the app, and the app's
+            # process group (master + workers) can be killed as one.
+            start_new_session=True,
+        )
+    record = AppRecord(
+        name=entry.name,
+        app=entry.app,
+        module=entry.module_name,
+        config=str(resolve_path(entry.config)) if entry.config else None,
+        host=entry.host,
+        port=entry.port,
+        workers=entry.workers,
+        pid=popen.pid,
+        pgid=popen.pid,
+        log_file=str(log_file),
+        pid_file=str(pid_path(run_dir, entry.name)),
+        started_at=time.time(),
+        command=command,
+    )
+    # Written at once, so that `down` finds the app even if this process is interrupted.
+    tmp = record_path(run_dir, entry.name).with_suffix(".json.tmp")
+    tmp.write_text(record.model_dump_json(indent=2) + "\n")
+    tmp.replace(record_path(run_dir, entry.name))
+    return StartedApp(entry=entry, record=record, popen=popen)
+
+
+def probe_health(url: str, timeout: float = 2.0) -> tuple[int | None, str]:
+    """GET ``url``/health; return (status code or None, short text)."""
+    import httpx  # imported here: `down` and `--help` stay fast
+
+    try:
+        # trust_env=False: a proxy from the environment must not intercept loopback calls.
+        with httpx.Client(timeout=timeout, trust_env=False) as client:
+            response = client.get(f"{url}/health")
+    except httpx.HTTPError as exc:
+        return None, type(exc).__name__
+    body = " ".join(response.text.split())
+    return response.status_code, body[:60] + ("..." if len(body) > 60 else "")
+
+
+def wait_healthy(started: StartedApp, timeout: float) -> tuple[bool, str]:
+    """Wait until the app's /health answers 200, its process dies, or ``timeout`` passes."""
+    start = time.monotonic()
+    last = "no answer yet"
+    while True:
+        code = started.popen.poll()
+        if code is not None:
+            return False, f"its process exited with code {code} before /health answered"
+        status, text = probe_health(started.record.url)
+        if status == 200:
+            return True, f"healthy after {time.monotonic() - start:.1f} s"
+        if status is not None:
+            last = f"HTTP {status} {text}"
+        elif text:
+            last = text
+        if time.monotonic() - start > timeout:
+            return False, f"/health did not answer 200 within {timeout:.0f} s (last: {last})"
+        time.sleep(0.3)
+
+
+def _print_log_tail(record: AppRecord, n: int = LOG_TAIL_LINES) -> None:
+    lines = tail_lines(Path(record.log_file), n)
+    print(f"---- last {len(lines)} lines of {record.log_file} ----", file=sys.stderr)
+    for line in lines:
+        print(f"  | {line}", file=sys.stderr)
+    print("---- end of log ----", file=sys.stderr, flush=True)
+
+
+def bring_up(entries: Sequence[AppEntry], run_dir: Path, timeout: float | None = None) -> int:
+    """Start ``entries`` (servers first, then the gateway), each healthy before the next.
+
+    On any failure, stops what this call started and returns 1; returns 0 on success.
+    ``timeout`` overrides each entry's ``health_timeout_seconds``.
+    """
+    ordered = sorted(entries, key=lambda e: e.role == "gateway")  # stable: file order kept
+    with _start_lock(run_dir):
+        running: set[str] = set()
+        problems: list[str] = []
+        for entry in ordered:
+            record = read_record(run_dir, entry.name)
+            if record and pid_alive(record.pid) and _is_ours(record):
+                running.add(entry.name)
+                continue
+            problem = preflight(entry)
+            if problem:
+                problems.append(f"app {entry.name!r} (port {entry.port}): {problem}")
+        if problems:
+            for problem in problems:
+                _err(problem)
+            _err("nothing was started")
+            return 1
+
+        started: list[StartedApp] = []
+        try:
+            for entry in ordered:
+                if entry.name in running:
+                    _say(f"{entry.name}: already running, left as it is")
+                    continue
+                _say(
+                    f"{entry.name}: starting {entry.module_name} on "
+                    f"{bind_address(entry.host, entry.port)} "
+                    f"(workers {entry.workers}, config {entry.config or '-'})"
+                )
+                app = start_entry(entry, run_dir)
+                started.append(app)
+                _say(f"{entry.name}: pid {app.record.pid}, log {app.record.log_file}")
+                ok, why = wait_healthy(app, timeout or entry.health_timeout_seconds)
+                if not ok:
+                    _err(f"app {entry.name!r} ({app.record.url}) failed to start: {why}")
+                    _print_log_tail(app.record)
+                    _stop_started(started, run_dir)
+                    return 1
+                _say(f"{entry.name}: {why} at {app.record.url}")
+        except KeyboardInterrupt:
+            _err("interrupted")
+            _stop_started(started, run_dir)
+            return 130
+        except OSError as exc:
+            _err(f"could not launch: {exc}")
+            _stop_started(started, run_dir)
+            return 1
+    return 0
+
+
+def _stop_started(started: list[StartedApp], run_dir: Path) -> None:
+    if started:
+        _say("stopping what this run started:")
+    for app in reversed(started):
+        stop_record(app.record, run_dir, popen=app.popen)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _deployment_for_run_dir(args: argparse.Namespace) -> Deployment | None:
+    """The deployment, read only to learn its run_dir; a broken or absent file is no obstacle."""
+    path = args.deployment or (DEFAULT_DEPLOYMENT if DEFAULT_DEPLOYMENT.exists() else None)
+    if path is None:
+        return None
+    try:
+        return load_deployment(path)
+    except StartAppError:
+        return None
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    """``up``: start every enabled app of the deployment."""
+    deployment = load_deployment(args.deployment or DEFAULT_DEPLOYMENT)
+    run_dir = resolve_run_dir(args.run_dir, deployment)
+    entries = [e for e in deployment.apps if e.enabled]
+    if not entries:
+        _say("the deployment enables no app; nothing to do")
+        return 0
+    code = bring_up(entries, run_dir, args.timeout)
+    if code == 0:
+        _say()
+        _print_status(run_dir, None)
+        _say()
+        _say(f"all up. Stop with: python {Path(sys.argv[0]).name} down")
+    return code
+
+
+def _stop_all(run_dir: Path) -> int:
+    records = list_records(run_dir)
+    if not records:
+        _say(f"nothing recorded in {run_dir}: nothing to stop")
+        return 0
+    ok = True
+    # Reverse start order: the gateway goes first, so it stops sending work to the servers.
+    for record in reversed(records):
+        ok = stop_record(record, run_dir) and ok
+    return 0 if ok else 1
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    """``down``: stop every app recorded in the run folder."""
+    run_dir = resolve_run_dir(args.run_dir, _deployment_for_run_dir(args))
+    _say(f"stopping apps recorded in {run_dir}")
+    return _stop_all(run_dir)
+
+
+def _status_rows(run_dir: Path, deployment: Deployment | None) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    recorded = {r.name: r for r in list_records(run_dir)}
+    for record in recorded.values():
+        alive = pid_alive(record.pid) and _is_ours(record)
+        status, text = probe_health(record.url) if alive else (None, "-")
+        rows.append(
+            {
+                "name": record.name,
+                "pid": record.pid,
+                "alive": alive,
+                "url": record.url,
+                "health_status": status,
+                "health": f"{status} {text}" if status is not None else text,
+            }
+        )
+    if deployment is not None:
+        for entry in deployment.apps:
+            if entry.enabled and entry.name not in recorded:
+                rows.append(
+                    {
+                        "name": entry.name,
+                        "pid": None,
+                        "alive": False,
+                        "url": base_url(entry.host, entry.port),
+                        "health_status": None,
+                        "health": "not started",
+                    }
+                )
+    return rows
+
+
+def _print_status(run_dir: Path, deployment: Deployment | None, as_json: bool = False) -> None:
+    rows = _status_rows(run_dir, deployment)
+    if as_json:
+        print(json.dumps(rows, indent=2), flush=True)
+        return
+    if not rows:
+        _say(f"no apps recorded in {run_dir}")
+        return
+    header = ["APP", "PID", "ALIVE", "URL", "/health"]
+    table = [
+        [r["name"], str(r["pid"] or "-"), "yes" if r["alive"] else "no", r["url"], r["health"]]
+        for r in rows
+    ]
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
+    for row in [header, *table]:
+        _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """``status``: one line per app with pid, liveness, URL and the /health answer."""
+    deployment = _deployment_for_run_dir(args)
+    run_dir = resolve_run_dir(args.run_dir, deployment)
+    _print_status(run_dir, deployment, as_json=args.json)
+    return 0
+
+
+def _entry_for_start(args: argparse.Namespace) -> tuple[AppEntry, Deployment | None]:
+    """Build the entry for ``start``: deployment entry or built-in defaults, then CLI options."""
+    deployment: Deployment | None = None
+    if args.deployment:
+        deployment = load_deployment(args.deployment)
+    elif DEFAULT_DEPLOYMENT.exists():
+        deployment = load_deployment(DEFAULT_DEPLOYMENT)
+    base: dict[str, Any] | None = None
+    if deployment is not None:
+        for entry in deployment.apps:
+            if entry.name == args.app:
+                base = entry.model_dump()
+                break
+    if base is None and args.app in APP_KINDS:
+        kind = APP_KINDS[args.app]
+        base = {"name": args.app, "app": args.app, "config": kind.default_config}
+        base["port"] = kind.default_port
+    if base is None:
+        if not args.module:
+            raise StartAppError(
+                f"unknown app {args.app!r}: use one of {', '.join(APP_KINDS)}, a name from the "
+                "deployment file, or give --module"
+            )
+        base = {"name": args.app}
+    overrides = {
+        "config": args.config,
+        "host": args.host,
+        "port": args.port,
+        "workers": args.workers,
+        "module": args.module,
+        "pythonpath": args.pythonpath,
+    }
+    base.update({k: v for k, v in overrides.items() if v is not None})
+    base["enabled"] = True
+    try:
+        return AppEntry.model_validate(base), deployment
+    except ValidationError as exc:
+        problems = "; ".join(f"{_format_loc(e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise StartAppError(f"cannot start {args.app!r}: {problems}") from None
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    """``start APP``: start one app and wait for its /health."""
+    entry, deployment = _entry_for_start(args)
+    run_dir = resolve_run_dir(args.run_dir, deployment)
+    return bring_up([entry], run_dir, args.timeout)
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """``stop APP``: stop one recorded app."""
+    run_dir = resolve_run_dir(args.run_dir, _deployment_for_run_dir(args))
+    record = read_record(run_dir, args.app)
+    if record is None:
+        known = ", ".join(r.name for r in list_records(run_dir)) or "none"
+        _err(f"no record of {args.app!r} in {run_dir} (recorded apps: {known})")
+        return 1
+    return 0 if stop_record(record, run_dir) else 1
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    """``logs APP``: print the end of an app's log, optionally following it."""
+    run_dir = resolve_run_dir(args.run_dir, _deployment_for_run_dir(args))
+    path = log_path(run_dir, args.app)
+    if not path.exists():
+        logs = sorted(p.stem for p in (run_dir / "logs").glob("*.log"))
+        _err(f"no log file {path} (logs: {', '.join(logs) or 'none'})")
+        return 1
+    for line in tail_lines(path, args.lines):
+        print(line)
+    sys.stdout.flush()
+    if not args.follow:
+        return 0
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            while True:
+                chunk = handle.read()
+                if chunk:
+                    sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+                    sys.stdout.flush()
+                else:
+                    time.sleep(0.5)
+    except KeyboardInterrupt:
+        return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command-line interface."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--run-dir",
+        help=f"pid/log folder (default: ${RUN_DIR_ENV}, else the deployment's run_dir, "
+        "else <repo>/run)",
+    )
+    common.add_argument(
+        "--deployment",
+        help=f"deployment file (default: {DEFAULT_DEPLOYMENT.relative_to(REPO_ROOT)})",
+    )
+
+    parser = argparse.ArgumentParser(
+        prog="start_app.py",
+        description="Run the suite's apps (gateway and servers) under gunicorn in the background.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="\n".join(
+            [
+                "apps (APP):",
+                *(
+                    f"  {name:<10} {kind.module} (default port {kind.default_port})"
+                    for name, kind in APP_KINDS.items()
+                ),
+                "",
+                "examples:",
+                "  python start_app.py up         # every enabled app of configs/deployment.json",
+                "  python start_app.py status",
+                "  python start_app.py logs client -n 100 -f",
+                "  python start_app.py start sb_server --port 8012 --workers 2",
+                "  python start_app.py down",
+                "",
+                f"environment: {RUN_DIR_ENV} sets the pid/log folder (default <repo>/run).",
+                "Run '<command> --help' for the options of a command.",
+            ]
+        ),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser(
+        "up",
+        parents=[common],
+        help="start every enabled app of the deployment (servers first, then the gateway)",
+        description="Start every enabled app of the deployment, each healthy before the next; "
+        "on failure, say why, show the log tail and stop what was started.",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        help="seconds to wait for each app's /health (default: the entry's "
+        f"health_timeout_seconds, {DEFAULT_HEALTH_TIMEOUT:.0f})",
+    )
+    up.set_defaults(func=cmd_up)
+
+    down = sub.add_parser(
+        "down",
+        parents=[common],
+        help="stop every app recorded in the run folder",
+        description=(
+            f"SIGTERM each recorded gunicorn master, wait up to {STOP_GRACE_SECONDS:.0f} s, "
+            "then SIGKILL its process group; remove pid and record files."
+        ),
+    )
+    down.set_defaults(func=cmd_down)
+
+    status = sub.add_parser(
+        "status", parents=[common], help="show app, pid, alive, url and /health answer"
+    )
+    status.add_argument("--json", action="store_true", help="machine-readable output")
+    status.set_defaults(func=cmd_status)
+
+    start = sub.add_parser(
+        "start",
+        parents=[common],
+        help="start one app",
+        description="Start one app. Settings come from its deployment entry (if the deployment "
+        "file has one of that name), else from built-in defaults; options override them.",
+    )
+    start.add_argument("app", metavar="APP", help=f"one of {', '.join(APP_KINDS)} or a name")
+    start.add_argument("--config", help="config file passed to build_app")
+    start.add_argument("--host", help="address to bind (default 127.0.0.1)")
+    start.add_argument("--port", type=int, help="port to bind")
+    start.add_argument("--workers", type=int, help="gunicorn worker processes (default 1)")
+    start.add_argument("--module", help="import build_app from this module instead")
+    start.add_argument(
+        "--pythonpath", action="append", help="folder to put on PYTHONPATH (repeatable)"
+    )
+    start.add_argument("--timeout", type=float, help="seconds to wait for /health")
+    start.set_defaults(func=cmd_start)
+
+    stop = sub.add_parser("stop", parents=[common], help="stop one app")
+    stop.add_argument("app", metavar="APP", help="name of a recorded app")
+    stop.set_defaults(func=cmd_stop)
+
+    logs = sub.add_parser("logs", parents=[common], help="show the end of an app's log")
+    logs.add_argument("app", metavar="APP", help="name of the app")
+    logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
+    logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
+    logs.set_defaults(func=cmd_logs)
+    return parser
+
+
+def _absolute_cli_paths(args: argparse.Namespace) -> None:
+    """Paths typed on the command line (or in the environment) are relative to the cwd.
+
+    Only paths inside deployment files are repo-relative, so that a deployment works from
+    anywhere; making the others absolute here keeps resolve_path() from re-rooting them.
+    """
+    for key in ("deployment", "run_dir", "config"):
+        value = getattr(args, key, None)
+        if value:
+            setattr(args, key, os.path.abspath(os.path.expanduser(value)))
+    if getattr(args, "pythonpath", None):
+        args.pythonpath = [os.path.abspath(os.path.expanduser(p)) for p in args.pythonpath]
+    if os.environ.get(RUN_DIR_ENV):
+        os.environ[RUN_DIR_ENV] = os.path.abspath(os.path.expanduser(os.environ[RUN_DIR_ENV]))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    _absolute_cli_paths(args)
+    try:
+        return int(args.func(args))
+    except StartAppError as exc:
+        _err(str(exc))
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

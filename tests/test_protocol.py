@@ -1,0 +1,126 @@
+"""Validation rules of the wire contract (no server needed)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from protocol.generation import GenerateRequest, GenerationConfig
+from protocol.openai_api import ChatCompletionRequest, CompletionRequest
+from utils.errors import describe_validation_error
+
+
+def _error_text(exc: ValidationError) -> str:
+    return describe_validation_error(exc)[0]
+
+
+def test_exactly_one_of_prompt_or_messages() -> None:
+    with pytest.raises(ValidationError) as neither:
+        GenerateRequest()
+    assert "exactly one of 'prompt' or 'messages'" in _error_text(neither.value)
+    with pytest.raises(ValidationError):
+        GenerateRequest(prompt="hi", messages=[{"role": "user", "content": "hi"}])
+    assert GenerateRequest(prompt="hi").prompt == "hi"
+    assert GenerateRequest(messages=[{"role": "user", "content": "hi"}]).messages
+
+
+@pytest.mark.parametrize(
+    ("config", "field"),
+    [
+        ({"temperature": -0.1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"num_beams": 0}, "num_beams"),
+    ],
+)
+def test_ranges_name_the_field(config: dict, field: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        GenerateRequest(prompt="x", generation_config=config)
+    message, param = describe_validation_error(info.value)
+    assert param == f"generation_config.{field}"
+    assert field in message
+
+
+def test_min_must_not_exceed_max() -> None:
+    with pytest.raises(ValidationError) as info:
+        GenerationConfig(min_new_tokens=10, max_new_tokens=5)
+    assert "min_new_tokens (10) must be <= max_new_tokens (5)" in _error_text(info.value)
+
+
+def test_return_sequences_bounded_by_beams() -> None:
+    with pytest.raises(ValidationError) as info:
+        GenerationConfig(num_beams=2, num_return_sequences=3)
+    assert "num_return_sequences (3) must be <= num_beams (2)" in _error_text(info.value)
+    assert GenerationConfig(num_beams=4, num_return_sequences=3).num_workload_beams == 4
+    with pytest.raises(ValidationError):
+        GenerationConfig(num_return_sequences=2)  # greedy copies would be identical
+    assert GenerationConfig(do_sample=True, num_return_sequences=2).num_workload_beams == 2
+
+
+def test_unknown_generation_key_is_refused() -> None:
+    with pytest.raises(ValidationError) as info:
+        GenerationConfig.model_validate({"max_tokens": 5})
+    assert "max_tokens" in _error_text(info.value)
+
+
+def test_temperature_zero_means_greedy_and_stop_accepts_a_string() -> None:
+    config = GenerationConfig(do_sample=True, temperature=0.0, stop="\n")
+    assert config.do_sample is False
+    assert config.stop == ["\n"]
+
+
+def test_openai_chat_maps_to_generation_config() -> None:
+    body = ChatCompletionRequest.model_validate(
+        {
+            "model": "m",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_completion_tokens": 7,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "seed": 3,
+            "stop": "END",
+            # vLLM extras are accepted, unknown OpenAI fields ignored.
+            "top_k": 20,
+            "min_tokens": 2,
+            "repetition_penalty": 1.1,
+            "ignore_eos": True,
+            "store": False,
+        }
+    )
+    config = body.to_generation_config()
+    assert config.max_new_tokens == 7
+    assert config.do_sample and config.temperature == 0.5 and config.top_p == 0.9
+    assert config.top_k == 20 and config.min_new_tokens == 2
+    assert config.repetition_penalty == 1.1 and config.ignore_eos and config.seed == 3
+    assert config.stop == ["END"]
+
+
+def test_openai_defaults_sample_at_temperature_one_and_zero_is_greedy() -> None:
+    chat = {"messages": [{"role": "user", "content": "hi"}]}
+    assert ChatCompletionRequest.model_validate(chat).to_generation_config().do_sample
+    greedy = ChatCompletionRequest.model_validate({**chat, "temperature": 0})
+    assert not greedy.to_generation_config().do_sample
+
+
+def test_openai_beam_search_and_unsupported_fields() -> None:
+    body = CompletionRequest(prompt="x", n=2, best_of=3, use_beam_search=True, temperature=0)
+    config = body.to_generation_config()
+    assert config.num_beams == 3 and config.num_return_sequences == 2
+    with pytest.raises(ValidationError) as info:
+        CompletionRequest(prompt="x", presence_penalty=0.5)
+    assert "presence_penalty" in _error_text(info.value)
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(
+            messages=[{"role": "user", "content": "x"}],
+            tools=[{"type": "function", "function": {"name": "f"}}],
+        )
+
+
+def test_completion_prompt_forms() -> None:
+    assert CompletionRequest(prompt="a").prompts() == ["a"]
+    assert CompletionRequest(prompt=["a", "b"]).prompts() == ["a", "b"]
+    assert CompletionRequest(prompt=[1, 2, 3]).prompts() == [[1, 2, 3]]
+    assert CompletionRequest(prompt=[[1], [2, 3]]).prompts() == [[1], [2, 3]]

@@ -1,0 +1,319 @@
+"""start_app.py with real processes: gunicorn masters and uvicorn workers on loopback ports.
+
+The suite's real apps are exercised elsewhere; here each deployment entry points, through the
+``module`` and ``pythonpath`` fields, at a tiny stand-in ASGI module written into tmp_path, so
+these tests need no model and take a few seconds each. The helpers (``write_deployment``,
+``run_start_app``, ``live_processes_mentioning``) work the same for a deployment of real apps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+START_APP = REPO_ROOT / "start_app.py"
+
+STANDIN_MODULE = '''
+"""Stand-in for the suite's apps: build_app(config_path) -> FastAPI app with GET /health."""
+import json
+
+from fastapi import FastAPI
+
+
+def build_app(config_path=None):
+    config = {}
+    if config_path:
+        with open(config_path) as handle:
+            config = json.load(handle)
+    if config.get("fail"):
+        raise RuntimeError("stand-in failure: build_app was told to fail")
+    app = FastAPI()
+
+    @app.get("/health")
+    def health():
+        return {"status": "ok", "name": config.get("name")}
+
+    return app
+'''
+
+
+def free_port() -> int:
+    """A loopback port that is free right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def is_alive(pid: int) -> bool:
+    """os.kill(pid, 0), except that zombies count as dead.
+
+    Masters re-parented to an init that never reaps (as in some containers) stay zombies
+    after they exit; they hold no port and run no code.
+    """
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return not Path("/proc/self/stat").exists()
+    return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+
+
+def live_processes_mentioning(token: str) -> list[int]:
+    """Pids of live processes whose command line contains ``token`` (Linux /proc)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if token in cmdline and is_alive(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
+
+
+def run_start_app(
+    *args: str, run_dir: Path, timeout: float = 180.0
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python start_app.py ARGS`` with LLM_SUITE_RUN_DIR=run_dir."""
+    env = dict(os.environ, **{"LLM_SUITE_RUN_DIR": str(run_dir), "HF_HUB_OFFLINE": "1"})
+    return subprocess.run(
+        [sys.executable, str(START_APP), *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def write_deployment(path: Path, apps: list[dict[str, Any]], **extra: Any) -> Path:
+    """Write a deployment file with ``apps`` entries; return its path."""
+    path.write_text(json.dumps({"run_dir": None, "apps": apps, **extra}, indent=2))
+    return path
+
+
+@pytest.fixture
+def workspace(tmp_path: Path) -> Iterator[Path]:
+    """tmp_path with the stand-in module and a run folder; tears down whatever is left."""
+    (tmp_path / "standin_app.py").write_text(STANDIN_MODULE)
+    (tmp_path / "run").mkdir()
+    yield tmp_path
+    # Safety net for failing tests: never leave servers behind.
+    run_start_app("down", run_dir=tmp_path / "run", timeout=60)
+    for pid in live_processes_mentioning(str(tmp_path)):
+        os.kill(pid, 9)
+
+
+def standin_entry(ws: Path, name: str, port: int, **config: Any) -> dict[str, Any]:
+    """A deployment entry running the stand-in module with its own config file."""
+    config_file = ws / f"{name}_config.json"
+    config_file.write_text(json.dumps({"name": name, **config}))
+    return {
+        "name": name,
+        "module": "standin_app",
+        "pythonpath": [str(ws)],
+        "config": str(config_file),
+        "host": "127.0.0.1",
+        "port": port,
+        "workers": 1,
+        "enabled": True,
+    }
+
+
+def output_of(result: subprocess.CompletedProcess[str]) -> str:
+    """stdout and stderr together, for assertions and failure messages."""
+    return result.stdout + result.stderr
+
+
+def test_help_lists_commands() -> None:
+    result = subprocess.run(
+        [sys.executable, str(START_APP), "--help"], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0
+    for command in ("up", "down", "status", "start", "stop", "logs"):
+        assert command in result.stdout
+
+
+def test_up_status_down_leaves_nothing_behind(workspace: Path) -> None:
+    run_dir = workspace / "run"
+    ports = [free_port(), free_port()]
+    deployment = write_deployment(
+        workspace / "deployment.json",
+        [
+            standin_entry(workspace, "alpha", ports[0]),
+            {**standin_entry(workspace, "disabled", free_port()), "enabled": False},
+            standin_entry(workspace, "beta", ports[1]),
+        ],
+    )
+
+    up = run_start_app("up", "--deployment", str(deployment), "--timeout", "90", run_dir=run_dir)
+    assert up.returncode == 0, output_of(up)
+    assert "all up" in up.stdout
+
+    status = run_start_app("status", "--json", "--deployment", str(deployment), run_dir=run_dir)
+    assert status.returncode == 0, output_of(status)
+    rows = {row["name"]: row for row in json.loads(status.stdout)}
+    assert set(rows) == {"alpha", "beta"}  # the disabled entry is neither started nor listed
+    for name, port in zip(("alpha", "beta"), ports, strict=True):
+        assert rows[name]["alive"] is True
+        assert rows[name]["health_status"] == 200
+        assert rows[name]["url"] == f"http://127.0.0.1:{port}"
+        answer = httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).json()
+        assert answer["name"] == name
+    pids = [rows["alpha"]["pid"], rows["beta"]["pid"]]
+    assert (run_dir / "alpha.pid").read_text().strip() == str(pids[0])
+    assert (run_dir / "logs" / "alpha.log").exists()
+    workers = live_processes_mentioning(str(workspace))
+    assert len(workers) >= 4, workers  # two masters and at least one worker each
+
+    table = run_start_app("status", run_dir=run_dir)
+    assert "alpha" in table.stdout and "200" in table.stdout
+
+    # A second `up` leaves the running apps alone.
+    again = run_start_app("up", "--deployment", str(deployment), run_dir=run_dir)
+    assert again.returncode == 0, output_of(again)
+    assert "already running" in again.stdout
+
+    down = run_start_app("down", run_dir=run_dir)
+    assert down.returncode == 0, output_of(down)
+    for pid in pids + workers:
+        assert not is_alive(pid), f"pid {pid} survived `down`"
+    assert live_processes_mentioning(str(workspace)) == []
+    assert not list(run_dir.glob("*.json")) and not list(run_dir.glob("*.pid"))
+
+    after = run_start_app("status", "--json", "--deployment", str(deployment), run_dir=run_dir)
+    assert [(r["name"], r["alive"]) for r in json.loads(after.stdout)] == [
+        ("alpha", False),
+        ("beta", False),
+    ]
+    assert run_start_app("down", run_dir=run_dir).returncode == 0  # idempotent
+
+
+def test_taken_port_fails_fast_naming_app_and_port(workspace: Path) -> None:
+    run_dir = workspace / "run"
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        taken = blocker.getsockname()[1]
+        deployment = write_deployment(
+            workspace / "deployment.json",
+            [
+                standin_entry(workspace, "first", free_port()),
+                standin_entry(workspace, "squatted", taken),
+            ],
+        )
+        start = time.monotonic()
+        result = run_start_app("up", "--deployment", str(deployment), run_dir=run_dir)
+        elapsed = time.monotonic() - start
+    assert result.returncode == 1, output_of(result)
+    assert "squatted" in result.stderr and str(taken) in result.stderr
+    assert "nothing was started" in result.stderr
+    assert elapsed < 15, f"took {elapsed:.1f} s"
+    assert live_processes_mentioning(str(workspace)) == []
+    assert not list(run_dir.glob("*.json"))
+
+
+def test_failing_app_shows_log_tail_and_stops_the_others(workspace: Path) -> None:
+    run_dir = workspace / "run"
+    deployment = write_deployment(
+        workspace / "deployment.json",
+        [
+            standin_entry(workspace, "healthy", free_port()),
+            standin_entry(workspace, "broken", free_port(), fail=True),
+        ],
+    )
+    result = run_start_app(
+        "up", "--deployment", str(deployment), "--timeout", "90", run_dir=run_dir
+    )
+    out = output_of(result)
+    assert result.returncode == 1, out
+    assert "'broken'" in result.stderr
+    assert "stand-in failure: build_app was told to fail" in result.stderr  # from the log tail
+    assert "healthy: stopped" in result.stdout  # the app started before it was stopped again
+    assert live_processes_mentioning(str(workspace)) == []
+    assert not list(run_dir.glob("*.json"))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda d: d["apps"][1].update(prot=1), "apps[1].prot: Extra inputs are not permitted"),
+        (lambda d: d["apps"][0].update(port="eighty"), "apps[0].port"),
+        (lambda d: d["apps"][0].pop("port"), "apps[0].port: Field required"),
+        (lambda d: d["apps"][0].update(app="nope"), "apps[0].app"),
+        (lambda d: d.update(extra_key=True), "extra_key: Extra inputs are not permitted"),
+        (lambda d: d["apps"][1].update(name="alpha"), "repeated: alpha"),
+    ],
+)
+def test_bad_deployment_names_file_and_key(tmp_path: Path, mutate: Any, expected: str) -> None:
+    data: dict[str, Any] = {
+        "run_dir": None,
+        "apps": [
+            {"name": "alpha", "app": "sb_server", "port": 18002},
+            {"name": "beta", "app": "client", "port": 18000},
+        ],
+    }
+    mutate(data)
+    path = tmp_path / "bad_deployment.json"
+    path.write_text(json.dumps(data))
+    result = run_start_app("up", "--deployment", str(path), run_dir=tmp_path / "run")
+    assert result.returncode == 1
+    assert str(path) in result.stderr
+    assert expected in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_invalid_json_deployment(tmp_path: Path) -> None:
+    path = tmp_path / "broken.json"
+    path.write_text('{"apps": [}')
+    result = run_start_app("up", "--deployment", str(path), run_dir=tmp_path / "run")
+    assert result.returncode == 1
+    assert str(path) in result.stderr and "line 1" in result.stderr
+
+
+def test_start_logs_stop_one_app(workspace: Path) -> None:
+    run_dir = workspace / "run"
+    deployment = write_deployment(
+        workspace / "deployment.json", [standin_entry(workspace, "other", free_port())]
+    )
+    port = free_port()
+    config = workspace / "solo_config.json"
+    config.write_text(json.dumps({"name": "solo"}))
+    common = ["--deployment", str(deployment)]
+    started = run_start_app(
+        "start", "solo", *common, "--module", "standin_app", "--pythonpath", str(workspace),
+        "--config", str(config), "--port", str(port), "--timeout", "90",
+        run_dir=run_dir,
+    )  # fmt: skip
+    assert started.returncode == 0, output_of(started)
+    record = json.loads((run_dir / "solo.json").read_text())
+    assert httpx.get(f"http://127.0.0.1:{port}/health", trust_env=False).json()["name"] == "solo"
+
+    logs = run_start_app("logs", "solo", "-n", "5", *common, run_dir=run_dir)
+    assert logs.returncode == 0, output_of(logs)
+    assert 0 < len(logs.stdout.splitlines()) <= 5
+
+    missing = run_start_app("stop", "nobody", *common, run_dir=run_dir)
+    assert missing.returncode == 1 and "solo" in missing.stderr  # lists what is recorded
+
+    stopped = run_start_app("stop", "solo", *common, run_dir=run_dir)
+    assert stopped.returncode == 0, output_of(stopped)
+    assert not is_alive(record["pid"])
+    assert live_processes_mentioning(str(workspace)) == []

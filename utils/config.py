@@ -1,0 +1,56 @@
+"""Loading JSON configs into pydantic models with errors that name file, key and problem."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; the message names the file, the key and the problem."""
+
+
+def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
+    """Read ``path`` as JSON and validate it against ``schema``.
+
+    Raises ``ConfigError`` with a message such as
+    ``configs/sb.json: batcher_config.package_max_workload: Input should be greater than 0``.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
+        ) from None
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            problem = str(err["msg"]).removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                problem = "unknown key (check its spelling)"
+            problems.append(f"{path}: {key}: {problem}")
+        raise ConfigError("\n".join(problems)) from None
+
+
+def resolve_path(base_file: str | Path, value: str) -> str:
+    """Resolve a path written in a config relative to the current directory, else the file."""
+    candidate = Path(value).expanduser()
+    if candidate.is_absolute() or candidate.exists():
+        return str(candidate)
+    beside = Path(base_file).resolve().parent / candidate
+    return str(beside) if beside.exists() else str(candidate)

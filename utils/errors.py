@@ -1,0 +1,116 @@
+"""One exception type for API errors and the FastAPI handlers that render the error shape."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from protocol import errors as error_types
+from protocol.errors import ErrorDetail, ErrorResponse
+
+logger = logging.getLogger(__name__)
+
+_TYPE_BY_STATUS = {
+    400: error_types.INVALID_REQUEST,
+    401: error_types.AUTHENTICATION,
+    404: error_types.NOT_FOUND,
+    405: error_types.INVALID_REQUEST,
+    413: error_types.INVALID_REQUEST,
+    422: error_types.INVALID_REQUEST,
+    429: error_types.OVERLOADED,
+    502: error_types.UPSTREAM,
+    503: error_types.OVERLOADED,
+    504: error_types.TIMEOUT,
+}
+
+
+class APIError(Exception):
+    """An error answered to the caller with a status, the error shape and optional headers."""
+
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        error_type: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.error_type = error_type or _TYPE_BY_STATUS.get(status_code, error_types.INTERNAL)
+        self.param = param
+        self.headers = headers or {}
+
+    def to_response(self) -> ErrorResponse:
+        """The error shape for this error."""
+        detail = ErrorDetail(
+            type=self.error_type, message=self.message, code=self.status_code, param=self.param
+        )
+        return ErrorResponse(error=detail)
+
+    def to_json_response(self) -> JSONResponse:
+        """A ready JSON answer with status and headers."""
+        return JSONResponse(
+            self.to_response().model_dump(),
+            status_code=self.status_code,
+            headers=self.headers,
+        )
+
+
+def overloaded(message: str, retry_after_seconds: int = 1, status_code: int = 503) -> APIError:
+    """An overload error (429/503) that tells the caller when to retry."""
+    return APIError(status_code, message, headers={"Retry-After": str(retry_after_seconds)})
+
+
+def describe_validation_error(exc: ValidationError | RequestValidationError) -> tuple[str, str]:
+    """Turn pydantic errors into one readable message and the first offending field."""
+    parts: list[str] = []
+    first_param = ""
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p not in ("body",)]
+        # pydantic puts the union member or validator name in the location; drop noise.
+        loc = [p for p in loc if not p.startswith("function-") and "[" not in p]
+        field = ".".join(loc)
+        if not first_param:
+            first_param = field
+        msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+        parts.append(f"{field}: {msg}" if field else msg)
+    return "; ".join(parts) or "invalid request", first_param
+
+
+def validation_api_error(exc: ValidationError | RequestValidationError) -> APIError:
+    """A 400 naming the fields that failed validation."""
+    message, param = describe_validation_error(exc)
+    return APIError(400, message, param=param or None)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Make every error of ``app`` answer with the one error shape."""
+
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.to_json_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return validation_api_error(exc).to_json_response()
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic_error(_: Request, exc: ValidationError) -> JSONResponse:
+        return validation_api_error(exc).to_json_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return APIError(exc.status_code, str(exc.detail)).to_json_response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error on %s %s", request.method, request.url.path)
+        return APIError(500, f"internal error: {type(exc).__name__}").to_json_response()
