@@ -2,42 +2,90 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
+from collections.abc import Coroutine
+from typing import Any, TypeVar
 
+import httpx
 import uvicorn
+from fastapi import FastAPI
 
-STARTUP_TIMEOUT_SECONDS = 120.0
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+T = TypeVar("T")
 
 
-@contextmanager
-def serve(app: Any, port: int | None = None) -> Iterator[str]:
-    """Serve ``app`` with uvicorn on 127.0.0.1 in a thread; yields its base URL."""
-    port = port or free_port()
-    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, name=f"uvicorn-{port}", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-    while not server.started:
-        if not thread.is_alive():
-            raise RuntimeError(f"server on port {port} exited during start-up")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"server on port {port} did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
+def reserve_socket() -> socket.socket:
+    """A bound but not yet listening socket: its port refuses connections until served."""
+    # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose proto
+    # says TCP, and without it every keep-alive answer waits ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The http address of a socket bound on 127.0.0.1."""
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+class ServerThread:
+    """A real uvicorn server for ``app`` in a background thread (own event loop)."""
+
+    def __init__(self, app: FastAPI, sock: socket.socket | None = None) -> None:
+        self.app = app
+        self.sock = sock or reserve_socket()
+        self.url = url_of(self.sock)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._http: httpx.Client | None = None
+
+    @property
+    def http(self) -> httpx.Client:
+        """A keep-alive client for this server (closed by :func:`stop_all`)."""
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.url, timeout=5)
+        return self._http
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve(sockets=[self.sock])
+
+    def start(self, timeout_seconds: float = 10.0) -> ServerThread:
+        """Start serving and wait until the server accepts connections."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_seconds
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server for {self.url} did not start")
+            time.sleep(0.005)
+        return self
+
+    def stop(self) -> None:
+        """Ask the server to exit and wait for its thread."""
+        stop_all(self)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_seconds: float = 10.0) -> T:
+        """Run ``coro`` on the server's event loop and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_seconds)
+
+
+def stop_all(*servers: ServerThread | None) -> None:
+    """Stop servers in parallel (each takes a few tenths of a second to shut down)."""
+    running = [server for server in servers if server is not None]
+    for server in running:
+        server.server.should_exit = True
+    for server in running:
+        server._thread.join(timeout=10)
+        if server._http is not None:
+            server._http.close()
+            server._http = None

@@ -48,9 +48,13 @@ def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
 
 
 def resolve_path(base_file: str | Path, value: str) -> str:
-    """Resolve a path written in a config relative to the current directory, else the file."""
+    """Resolve a relative path from a config: the current directory first, then the config's
+    folder and the folder above it (configs/ usually sits in the project root)."""
     candidate = Path(value).expanduser()
     if candidate.is_absolute() or candidate.exists():
         return str(candidate)
-    beside = Path(base_file).resolve().parent / candidate
-    return str(beside) if beside.exists() else str(candidate)
+    config_dir = Path(base_file).resolve().parent
+    for folder in (config_dir, config_dir.parent):
+        if (folder / candidate).exists():
+            return str(folder / candidate)
+    return str(candidate)

@@ -1,0 +1,209 @@
+"""One upstream server as the gateway sees it: address, kind, served models, health and load."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Literal
+
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from protocol.health import HealthResponse, LoadReport
+from protocol.openai_api import ModelList
+
+logger = logging.getLogger(__name__)
+
+BackendKind = Literal["continuous_batching", "static_batching", "openai"]
+
+#: Lower is preferred: a model served by a CB server is never sent to an SB server, and the
+#: OpenAI jumpers (a later issue) are the fallback when no local server can take a request.
+KIND_PRIORITY: dict[BackendKind, int] = {
+    "continuous_batching": 0,
+    "static_batching": 1,
+    "openai": 2,
+}
+
+#: Health states in which a server takes requests ("loading" does not).
+_SERVING_STATES = ("ok", "degraded")
+
+
+class BackendStatus(BaseModel):
+    """One row of ``GET /backends`` (and of the gateway's ``GET /health``)."""
+
+    url: str
+    kind: BackendKind
+    is_healthy: bool
+    reported_status: str | None
+    model_ids: list[str]
+    max_model_len: int | None
+    load: LoadReport
+    num_in_flight: int
+    num_consecutive_failures: int
+    last_error: str | None
+    seconds_since_check: float | None
+
+
+@dataclass(eq=False)  # identity semantics: backends go in sets (e.g. "already tried")
+class Backend:
+    """A model server behind the gateway.
+
+    Health, served models and load come from the server's ``GET /health`` (and ``/v1/models``);
+    ``num_in_flight`` is the gateway's own count of requests it has sent there and not finished.
+    """
+
+    url: str
+    kind: BackendKind
+    model_ids: list[str] = field(default_factory=list)
+    is_healthy: bool = False
+    reported_status: str | None = None
+    load: LoadReport = field(default_factory=LoadReport)
+    max_model_len: int | None = None
+    num_in_flight: int = 0
+    num_consecutive_failures: int = 0
+    last_error: str | None = None
+    last_checked_at: float | None = None
+
+    @property
+    def priority(self) -> int:
+        """Routing tier of this backend's kind (lower is preferred)."""
+        return KIND_PRIORITY[self.kind]
+
+    @property
+    def num_reported_busy(self) -> int:
+        """Requests the server said it was waiting on or running at its last health report."""
+        return self.load.num_waiting + self.load.num_running
+
+    def serves(self, model: str) -> bool:
+        """True when this backend announced ``model`` among its model ids."""
+        return model in self.model_ids
+
+    def url_for(self, path: str) -> str:
+        """The upstream address of an API path such as ``/v1/chat/completions``."""
+        return self.url + path
+
+    def request_headers(self) -> dict[str, str]:
+        """Headers added to every forwarded request (jumpers will add their API key here)."""
+        return {}
+
+    def mark_unreachable(self, error: str) -> None:
+        """Take the backend out of rotation until a health check finds it up again."""
+        if self.is_healthy:
+            logger.warning("backend %s is now unhealthy: %s", self.url, error)
+        self.is_healthy = False
+        self.last_error = error
+        self.num_consecutive_failures += 1
+        self.last_checked_at = time.monotonic()
+
+    def apply_health(self, health: HealthResponse, listed_model_ids: list[str]) -> None:
+        """Record a successful health report (and the ids the server lists on /v1/models)."""
+        if health.kind != self.kind and health.kind != "gateway":
+            logger.warning(
+                "backend %s is configured as %s but reports kind %s; routing uses the config",
+                self.url,
+                self.kind,
+                health.kind,
+            )
+        model_ids = [health.model] if health.model else []
+        model_ids += [m for m in listed_model_ids if m not in model_ids]
+        is_serving = health.status in _SERVING_STATES
+        if is_serving and not self.is_healthy:
+            logger.info("backend %s is healthy, serving %s", self.url, model_ids)
+        elif not is_serving and self.is_healthy:
+            logger.warning("backend %s is no longer serving (status %s)", self.url, health.status)
+        self.is_healthy = is_serving
+        self.reported_status = health.status
+        # Keep what was learned before if a report names no model, so that requests for a model
+        # whose only server is briefly down get 503 ("try later") rather than 404 ("no such").
+        self.model_ids = model_ids or self.model_ids
+        self.max_model_len = health.max_model_len
+        self.load = health.load
+        self.num_consecutive_failures = 0
+        self.last_error = None if is_serving else f"server status is {health.status!r}"
+        self.last_checked_at = time.monotonic()
+
+    async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:
+        """Ask the server for ``/health`` and ``/v1/models`` and record the answer.
+
+        Never raises for network or protocol problems: they mark the backend unhealthy.
+        """
+        # Both calls are bounded by the timeout, so waiting for the pair costs no extra time.
+        health, listed_model_ids = await asyncio.gather(
+            self._get_health(client, timeout_seconds),
+            self._get_model_ids(client, timeout_seconds),
+            return_exceptions=True,
+        )
+        if isinstance(health, BaseException):
+            if not isinstance(health, _ProbeError):
+                raise health
+            self.mark_unreachable(str(health))
+            return
+        if isinstance(listed_model_ids, BaseException):
+            raise listed_model_ids
+        self.apply_health(health, listed_model_ids)
+
+    async def _get_health(
+        self, client: httpx.AsyncClient, timeout_seconds: float
+    ) -> HealthResponse:
+        try:
+            response = await client.get(self.url_for("/health"), timeout=timeout_seconds)
+        except httpx.HTTPError as exc:
+            raise _ProbeError(f"GET /health failed: {type(exc).__name__}: {exc}") from None
+        if response.status_code != 200:
+            raise _ProbeError(f"GET /health answered HTTP {response.status_code}")
+        try:
+            return HealthResponse.model_validate_json(response.content)
+        except ValidationError as exc:
+            raise _ProbeError(f"GET /health answered an invalid report: {exc}") from None
+
+    async def _get_model_ids(self, client: httpx.AsyncClient, timeout_seconds: float) -> list[str]:
+        """The ids on ``/v1/models``; optional (the health report's model is enough)."""
+        try:
+            response = await client.get(self.url_for("/v1/models"), timeout=timeout_seconds)
+            response.raise_for_status()
+            return [card.id for card in ModelList.model_validate_json(response.content).data]
+        except (httpx.HTTPError, ValidationError) as exc:
+            logger.debug("backend %s: GET /v1/models failed: %s", self.url, exc)
+            return []
+
+    def status(self) -> BackendStatus:
+        """A JSON-ready snapshot of this backend."""
+        age = None if self.last_checked_at is None else time.monotonic() - self.last_checked_at
+        return BackendStatus(
+            url=self.url,
+            kind=self.kind,
+            is_healthy=self.is_healthy,
+            reported_status=self.reported_status,
+            model_ids=list(self.model_ids),
+            max_model_len=self.max_model_len,
+            load=self.load,
+            num_in_flight=self.num_in_flight,
+            num_consecutive_failures=self.num_consecutive_failures,
+            last_error=self.last_error,
+            seconds_since_check=None if age is None else round(age, 3),
+        )
+
+
+class _ProbeError(Exception):
+    """A health check that found the server unreachable or answering nonsense."""
+
+
+class InFlightLease:
+    """One request's claim on a backend, counted in ``num_in_flight`` until released.
+
+    Taken right after the balancing decision (with no ``await`` in between, so concurrent
+    requests see each other's choices) and released exactly once, however the request ends.
+    """
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.is_released = False
+        backend.num_in_flight += 1
+
+    def release(self) -> None:
+        """Give the claim back; later calls do nothing."""
+        if not self.is_released:
+            self.is_released = True
+            self.backend.num_in_flight -= 1

