@@ -53,6 +53,7 @@ demo: venv model
 
 lint: venv
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 
 test: venv model lint
 	$(VPY) -m pytest -q
