@@ -1,0 +1,149 @@
+"""The async front of the engine: one engine loop in its own thread, results handed to the
+awaiting coroutines through ``loop.call_soon_threadsafe`` (no polling anywhere).
+
+It implements ``GenerationBackend``, so the shared HTTP layer serves it like any backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+from protocol.health import LoadReport, ServerKind
+from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
+from server.continuous_batching.decoding import RequestOutput
+from server.continuous_batching.engine import EngineError, LLMEngine
+from utils.errors import APIError, overloaded
+
+logger = logging.getLogger(__name__)
+
+
+class AsyncEngine(GenerationBackend):
+    """Drives an ``LLMEngine`` from a dedicated thread for asyncio callers."""
+
+    kind: ServerKind = "continuous_batching"
+
+    def __init__(self, engine: LLMEngine, model_id: str) -> None:
+        self.engine = engine
+        self.model_id = model_id
+        self.max_model_len = engine.max_model_len
+        self.tokenizer = engine.tokenizer
+        self._commands: list[tuple[str, Any]] = []
+        self._wakeup = threading.Condition()
+        self._streams: dict[str, asyncio.Queue[RequestOutput | APIError]] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._is_stopping = False
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        """EOS ids the engine stops on."""
+        return list(self.engine.eos_token_ids)
+
+    async def start(self) -> None:
+        """Start the engine thread (inside the running event loop)."""
+        self._loop = asyncio.get_running_loop()
+        self._is_stopping = False
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    async def shutdown(self) -> None:
+        """Stop the thread; requests still in flight end with finish_reason "abort"."""
+        with self._wakeup:
+            self._is_stopping = True
+            self._wakeup.notify()
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 30)
+        for request_id in list(self._streams):
+            output = self.engine.abort(request_id)
+            if output is not None:
+                self._deliver(request_id, output)
+
+    def _submit(self, command: str, payload: Any) -> None:
+        with self._wakeup:
+            self._commands.append((command, payload))
+            self._wakeup.notify()
+
+    async def stream(self, request: SequenceRequest) -> AsyncIterator[list[TextDelta]]:
+        """Yield delta batches until the request finishes; closing early aborts it."""
+        if self._is_stopping or self._loop is None:
+            raise overloaded("the engine is not running", retry_after_seconds=5)
+        queue: asyncio.Queue[RequestOutput | APIError] = asyncio.Queue()
+        self._streams[request.request_id] = queue
+        self._submit("add", request)
+        is_finished = False
+        try:
+            while not is_finished:
+                item = await queue.get()
+                if isinstance(item, APIError):
+                    is_finished = True
+                    raise item
+                is_finished = item.is_finished
+                yield item.deltas
+        finally:
+            self._streams.pop(request.request_id, None)
+            if not is_finished:
+                self._submit("abort", request.request_id)
+
+    def load_report(self) -> LoadReport:
+        """Queue and cache figures, read from the engine without locking (a snapshot)."""
+        scheduler = self.engine.scheduler
+        block_manager = self.engine.block_manager
+        return LoadReport(
+            num_waiting=len(scheduler.waiting),
+            num_running=len(scheduler.running),
+            num_swapped=len(scheduler.swapped),
+            num_kv_blocks_free=block_manager.device.num_free,
+            num_kv_blocks_total=block_manager.device.num_blocks,
+            num_cpu_kv_blocks_free=block_manager.cpu.num_free,
+            num_cpu_kv_blocks_total=block_manager.cpu.num_blocks,
+        )
+
+    # -- engine thread --------------------------------------------------------------------
+    def _deliver(self, request_id: str, item: RequestOutput | APIError) -> None:
+        queue = self._streams.get(request_id)
+        if queue is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(queue.put_nowait, item)
+
+    def _run(self) -> None:
+        engine = self.engine
+        while True:
+            with self._wakeup:
+                while not (self._commands or engine.has_unfinished_requests() or self._is_stopping):
+                    self._wakeup.wait()
+                if self._is_stopping:
+                    return
+                commands, self._commands = self._commands, []
+            for command, payload in commands:
+                self._apply(command, payload)
+            if engine.has_unfinished_requests():
+                try:
+                    outputs = engine.step()
+                except Exception as exc:  # a bug or device error: fail what is in flight
+                    logger.exception("engine step failed")
+                    self._fail_all(APIError(500, f"generation failed: {type(exc).__name__}"))
+                    continue
+                for output in outputs:
+                    self._deliver(output.request_id, output)
+
+    def _apply(self, command: str, payload: Any) -> None:
+        if command == "abort":
+            self.engine.abort(payload)
+            return
+        request: SequenceRequest = payload
+        try:
+            self.engine.add_request(request.request_id, request.prompt_token_ids, request.config)
+        except EngineError as exc:
+            if exc.status_code == 503:
+                error = overloaded(exc.message, retry_after_seconds=1)
+            else:
+                error = APIError(exc.status_code, exc.message)
+            self._deliver(request.request_id, error)
+
+    def _fail_all(self, error: APIError) -> None:
+        for request_id in list(self.engine.groups):
+            self.engine.abort(request_id)
+            self._deliver(request_id, error)

@@ -1,0 +1,81 @@
+"""The continuous-batching engine's configuration: one object, validated at start-up.
+
+The three sections follow the seed's ``cb_server_config.json`` (``model_loading_config``,
+``batcher_config``, ``cache_config``); unknown keys are refused so typos stop start-up.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+TorchDtypeName = Literal["float32", "bfloat16", "float16"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ModelLoadingConfig(_Section):
+    """Where the weights are and how to run them."""
+
+    model_type: Literal["llama"] = "llama"
+    model_name_or_path: str
+    tokenizer_name_or_path: str | None = None
+    torch_dtype: TorchDtypeName = "bfloat16"
+    device: str = "cpu"
+    num_threads: int | None = Field(default=None, ge=1)
+    model_max_length: int | None = Field(default=None, ge=2)
+    use_fast_tokenizer: bool = True
+    trust_remote_code: bool = False
+    quantize_method: Literal["gptq"] | None = None
+    gptq_model_base_name: str | None = None
+    gptq_config_base_name: str | None = None
+    gguf_file: str | None = None
+    served_model_name: str | None = None
+
+
+class BatcherConfig(_Section):
+    """Per-step limits of the scheduler."""
+
+    batch_max_tokens: int = Field(
+        default=1024, ge=16, description="tokens processed per step (prefill chunks + decodes)"
+    )
+    batch_max_beams: int = Field(
+        default=64, ge=1, description="sequences (beams, samples) running at once"
+    )
+    max_num_waiting: int = Field(
+        default=1024, ge=1, description="requests queued beyond this are refused (503)"
+    )
+
+
+class CacheConfig(_Section):
+    """The paged KV cache: device pool, CPU swap pool, block size."""
+
+    num_blocks: int | None = Field(
+        default=None, ge=1, description="device blocks; derived from memory_budget_gb when null"
+    )
+    memory_budget_gb: float = Field(
+        default=2.0, gt=0, description="device memory for the KV cache when num_blocks is null"
+    )
+    num_blocks_cpu: int = Field(default=256, ge=0, description="CPU blocks for swapping")
+    block_size: int = Field(default=16, ge=1, le=1024)
+    watermark: float = Field(
+        default=0.01, ge=0.0, lt=1.0, description="share of device blocks kept free at admission"
+    )
+    enable_prefix_caching: bool = True
+
+
+class EngineConfig(_Section):
+    """Everything the engine needs; the CB server config file adds serving keys around it."""
+
+    model_loading_config: ModelLoadingConfig
+    batcher_config: BatcherConfig = Field(default_factory=BatcherConfig)
+    cache_config: CacheConfig = Field(default_factory=CacheConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> EngineConfig:
+        if self.model_loading_config.quantize_method == "gptq":
+            raise ValueError("model_loading_config.quantize_method: gptq is not supported yet")
+        return self

@@ -1,0 +1,206 @@
+"""After the forward: choose each request's next tokens (greedy, sampling or beam search, all in
+one batch), fork samples and beams, apply stop rules, and turn tokens into text deltas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from server.common.backend import TextDelta
+from server.common.detokenizer import IncrementalDetokenizer
+from server.continuous_batching.beam_search import BeamSearchState
+from server.continuous_batching.block_manager import BlockManager
+from server.continuous_batching.sampler import RowParams, beam_log_probs, sample
+from server.continuous_batching.sequence import Sequence, SequenceGroup
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    deltas: list[TextDelta] = field(default_factory=list)
+    is_finished: bool = False
+
+
+@dataclass
+class _GroupRows:
+    """The logits rows of one sampling group and the sequences they belong to."""
+
+    group: SequenceGroup
+    seqs: list[Sequence]
+    rows: list[int] = field(default_factory=list)
+
+
+class Decoder:
+    """Owns stop rules and detokenization; mutates groups and their block tables."""
+
+    def __init__(self, tokenizer: Any, block_manager: BlockManager, eos_token_ids: list[int]):
+        self.tokenizer = tokenizer
+        self.block_manager = block_manager
+        self.eos_token_ids = eos_token_ids
+
+    def new_detokenizer(self, group: SequenceGroup) -> IncrementalDetokenizer:
+        """A detokenizer that cuts at the request's stop strings."""
+        return IncrementalDetokenizer(self.tokenizer, group.config.stop)
+
+    # -- row parameters -------------------------------------------------------------------
+    def _row(self, group: SequenceGroup, seq: Sequence) -> RowParams:
+        config = group.config
+        banned: list[int] = []
+        if seq.num_generated < config.min_new_tokens:
+            banned = [*self.eos_token_ids, *config.stop_token_ids]
+        return RowParams.from_generation_config(
+            config,
+            generator=group.generator,
+            banned_token_ids=banned,
+            penalty_token_ids=seq.token_ids if config.repetition_penalty != 1.0 else None,
+        )
+
+    def decode_step(
+        self, groups: list[tuple[SequenceGroup, list[Sequence]]], logits: torch.Tensor
+    ) -> list[RequestOutput]:
+        """Pick tokens for every sampling group; ``logits`` rows follow the groups' sequences."""
+        plain: list[_GroupRows] = []
+        beams: list[_GroupRows] = []
+        row = 0
+        for group, seqs in groups:
+            entry = _GroupRows(group, seqs, list(range(row, row + len(seqs))))
+            row += len(seqs)
+            (beams if group.is_beam_search else plain).append(entry)
+        outputs = self._decode_plain(plain, logits) if plain else []
+        outputs += [self._decode_beams(entry, logits) for entry in beams]
+        return outputs
+
+    # -- greedy and sampling --------------------------------------------------------------
+    def _decode_plain(self, entries: list[_GroupRows], logits: torch.Tensor) -> list[RequestOutput]:
+        row_index: list[int] = []
+        params: list[RowParams] = []
+        targets: list[tuple[_GroupRows, Sequence]] = []
+        for entry in entries:
+            group = entry.group
+            num_choices = group.config.num_return_sequences
+            if len(entry.seqs) == 1 and entry.seqs[0].num_generated == 0 and num_choices > 1:
+                # First token of n samples: the prompt's logits row serves every choice.
+                parent = entry.seqs[0]
+                children = self._fork(group, parent, num_choices)
+                row_index += entry.rows * num_choices
+                params += [self._row(group, parent)] * num_choices
+                targets += [(entry, child) for child in children]
+                continue
+            for seq, r in zip(entry.seqs, entry.rows, strict=True):
+                row_index.append(r)
+                params.append(self._row(group, seq))
+                targets.append((entry, seq))
+        if row_index == list(range(logits.shape[0])):
+            selected = logits
+        else:
+            selected = logits[torch.tensor(row_index, device=logits.device)]
+        tokens = sample(selected, params).tolist()
+        by_request: dict[str, RequestOutput] = {}
+        for (entry, seq), token in zip(targets, tokens, strict=True):
+            output = by_request.setdefault(
+                entry.group.request_id, RequestOutput(entry.group.request_id)
+            )
+            output.deltas.append(self._append(entry.group, seq, token))
+        for entry in entries:
+            group = entry.group
+            output = by_request[group.request_id]
+            output.is_finished = all(s.is_finished for s in group.seqs)
+        return list(by_request.values())
+
+    def _fork(self, group: SequenceGroup, parent: Sequence, num: int) -> list[Sequence]:
+        children = []
+        for index in range(num):
+            child = parent.fork()
+            self.block_manager.fork(parent, child)
+            child.choice_index = index
+            child.detokenizer = self.new_detokenizer(group)
+            children.append(child)
+        self.block_manager.free(parent)
+        group.seqs = children
+        return children
+
+    def _append(self, group: SequenceGroup, seq: Sequence, token: int) -> TextDelta:
+        """Add ``token`` to ``seq``, apply the stop rules, return the choice's delta."""
+        config = group.config
+        seq.token_ids.append(token)
+        if seq.detokenizer is None:
+            seq.detokenizer = self.new_detokenizer(group)
+        is_eos = token in self.eos_token_ids and not config.ignore_eos
+        is_stop_token = is_eos or token in config.stop_token_ids
+        text = "" if is_stop_token else seq.detokenizer.add_tokens([token])
+        if is_stop_token or seq.detokenizer.is_stopped:
+            seq.finish_reason = "stop"
+        elif seq.num_generated >= (config.max_new_tokens or 0):
+            seq.finish_reason = "length"
+        if seq.is_finished:
+            text += seq.detokenizer.flush()
+            self.block_manager.free(seq)
+        return TextDelta(
+            index=seq.choice_index,
+            text=text,
+            num_new_tokens=1,
+            finish_reason=seq.finish_reason,
+            token_ids=[token],
+        )
+
+    # -- beam search ----------------------------------------------------------------------
+    def _decode_beams(self, entry: _GroupRows, logits: torch.Tensor) -> RequestOutput:
+        group = entry.group
+        config = group.config
+        if group.beam_state is None:
+            group.beam_state = BeamSearchState(
+                num_beams=config.num_beams,
+                num_return_sequences=config.num_return_sequences,
+                length_penalty=config.length_penalty,
+                early_stopping=config.early_stopping,
+                eos_token_ids=[] if config.ignore_eos else list(self.eos_token_ids),
+                num_prompt_tokens=entry.seqs[0].num_prompt_tokens,
+                max_new_tokens=config.max_new_tokens or 1,
+                min_new_tokens=config.min_new_tokens,
+            )
+        rows = torch.tensor(entry.rows, device=logits.device)
+        params = [self._row(group, seq) for seq in entry.seqs]
+        log_probs = beam_log_probs(logits[rows], params)
+        new_beams = group.beam_state.step(log_probs)
+        children = []
+        for parent_row, token in new_beams:
+            parent = entry.seqs[parent_row]
+            child = parent.fork()
+            self.block_manager.fork(parent, child)
+            child.token_ids.append(token)
+            children.append(child)
+        for seq in entry.seqs:
+            self.block_manager.free(seq)
+        group.seqs = children
+        output = RequestOutput(group.request_id)
+        if group.beam_state.is_done:
+            for seq in children:
+                self.block_manager.free(seq)
+                seq.finish_reason = "length"
+            output.deltas = self._beam_results(group)
+            output.is_finished = True
+        return output
+
+    def _beam_results(self, group: SequenceGroup) -> list[TextDelta]:
+        deltas = []
+        for index, (token_ids, _score) in enumerate(group.beam_state.finished()):
+            ends_with_eos = bool(token_ids) and token_ids[-1] in self.eos_token_ids
+            detokenizer = self.new_detokenizer(group)
+            body = token_ids[:-1] if ends_with_eos else token_ids
+            text = detokenizer.add_tokens(body) + detokenizer.flush()
+            is_stop = (ends_with_eos and not group.config.ignore_eos) or detokenizer.is_stopped
+            deltas.append(
+                TextDelta(
+                    index=index,
+                    text=text,
+                    num_new_tokens=len(token_ids),
+                    finish_reason="stop" if is_stop else "length",
+                    token_ids=list(token_ids),
+                )
+            )
+        return deltas

@@ -1,0 +1,180 @@
+"""The continuous-batching engine: ``add_request`` / ``step`` / ``abort``.
+
+One ``step`` = schedule (plain Python) -> one forward over every scheduled token (model
+runner) -> choose tokens and apply stop rules (decoder). Synchronous and single-threaded; the
+async front (``async_engine``) drives it from its own thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from transformers import AutoTokenizer
+
+from protocol.generation import GenerationConfig
+from server.common.backend import TextDelta
+from server.continuous_batching.block_manager import BlockManager
+from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.decoding import Decoder, RequestOutput
+from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.sampler import make_generator
+from server.continuous_batching.scheduler import Scheduler
+from server.continuous_batching.sequence import Sequence, SequenceGroup
+
+logger = logging.getLogger(__name__)
+
+
+class EngineError(Exception):
+    """A request the engine refuses; ``status_code`` says how (400 never fits, 503 full)."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+@dataclass
+class EngineStats:
+    """Counters for metrics and tests."""
+
+    num_steps: int = 0
+    num_swap_preemptions: int = 0
+    num_recompute_preemptions: int = 0
+    num_generated_tokens: int = 0
+
+
+def load_eos_token_ids(model_path: str, tokenizer: Any) -> list[int]:
+    """EOS ids from the checkpoint's generation config, else the tokenizer's."""
+    ids: list[int] = []
+    path = Path(model_path) / "generation_config.json"
+    if path.is_file():
+        value = json.loads(path.read_text()).get("eos_token_id")
+        ids = [value] if isinstance(value, int) else list(value or [])
+    if not ids and tokenizer.eos_token_id is not None:
+        ids = [tokenizer.eos_token_id]
+    return ids
+
+
+class LLMEngine:
+    """Runs many requests together, step by step, over a paged KV cache."""
+
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+        self.config = config
+        loading = config.model_loading_config
+        self.runner = runner or ModelRunner(config)
+        tokenizer_path = loading.tokenizer_name_or_path or self.runner.model_path
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
+        self.eos_token_ids = load_eos_token_ids(self.runner.model_path, self.tokenizer)
+        self.max_model_len = self.runner.max_model_len
+        cache = config.cache_config
+        self.block_manager = BlockManager(
+            num_blocks=self.runner.num_blocks,
+            num_blocks_cpu=cache.num_blocks_cpu,
+            block_size=cache.block_size,
+            watermark=cache.watermark,
+            enable_prefix_caching=cache.enable_prefix_caching,
+        )
+        batcher = config.batcher_config
+        self.scheduler = Scheduler(
+            self.block_manager, batcher.batch_max_tokens, batcher.batch_max_beams
+        )
+        self.decoder = Decoder(self.tokenizer, self.block_manager, self.eos_token_ids)
+        self.groups: dict[str, SequenceGroup] = {}
+        self.stats = EngineStats()
+
+    # -- requests -------------------------------------------------------------------------
+    def add_request(
+        self, request_id: str, prompt_token_ids: list[int], config: GenerationConfig
+    ) -> None:
+        """Queue a request; raises ``EngineError`` if it can never run or the queue is full."""
+        if request_id in self.groups:
+            raise EngineError(400, f"request id {request_id!r} is already running")
+        if not prompt_token_ids:
+            raise EngineError(400, "the prompt is empty")
+        if config.max_new_tokens is None:
+            raise EngineError(400, "max_new_tokens must be set")
+        total = len(prompt_token_ids) + config.max_new_tokens
+        if total > self.max_model_len:
+            raise EngineError(
+                400,
+                f"prompt ({len(prompt_token_ids)} tokens) plus max_new_tokens "
+                f"({config.max_new_tokens}) exceeds the context of {self.max_model_len} tokens",
+            )
+        if len(self.scheduler.waiting) >= self.config.batcher_config.max_num_waiting:
+            raise EngineError(503, "the engine's queue is full; retry later")
+        seq = Sequence(list(prompt_token_ids), len(prompt_token_ids))
+        group = SequenceGroup(request_id, [seq], config)
+        reason = self.scheduler.why_never_fits(group)
+        if reason is not None:
+            raise EngineError(400, reason)
+        if config.do_sample:
+            group.generator = make_generator(config.seed, self.runner.device)
+        seq.detokenizer = self.decoder.new_detokenizer(group)
+        self.groups[request_id] = group
+        self.scheduler.add(group)
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Stop a request now and free its blocks; returns its closing output, if it existed."""
+        group = self.groups.pop(request_id, None)
+        if group is None:
+            return None
+        self.scheduler.remove(group)
+        finished = {s.choice_index for s in group.seqs if s.is_finished}
+        num_choices = group.config.num_return_sequences
+        deltas = [
+            TextDelta(index=i, text="", num_new_tokens=0, finish_reason="abort")
+            for i in range(num_choices)
+            if group.is_beam_search or i not in finished
+        ]
+        return RequestOutput(request_id, deltas, is_finished=True)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while any request is queued or running."""
+        return bool(self.groups)
+
+    # -- stepping -------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduling step and one forward; return what each request produced."""
+        plan = self.scheduler.schedule()
+        self.stats.num_swap_preemptions += plan.num_swap_preemptions
+        self.stats.num_recompute_preemptions += plan.num_recompute_preemptions
+        if plan.is_empty:
+            if self.groups and not plan.block_ops.swap_out:
+                logger.warning("nothing schedulable with %d requests queued", len(self.groups))
+            self.runner.apply_block_ops(plan.block_ops)
+            return []
+        logits = self.runner.execute(plan)
+        self.scheduler.on_step_done(plan)
+        self.stats.num_steps += 1
+        sampling: list[tuple[SequenceGroup, list[Sequence]]] = []
+        for item in plan.scheduled:
+            if not item.is_sampling:
+                continue
+            if sampling and sampling[-1][0] is item.group:
+                sampling[-1][1].append(item.seq)
+            else:
+                sampling.append((item.group, [item.seq]))
+        outputs = self.decoder.decode_step(sampling, logits) if sampling else []
+        for output in outputs:
+            self.stats.num_generated_tokens += sum(d.num_new_tokens for d in output.deltas)
+            if output.is_finished:
+                group = self.groups.pop(output.request_id)
+                self.scheduler.remove(group)
+        return outputs
+
+    def generate(
+        self, prompts: list[list[int]], configs: list[GenerationConfig]
+    ) -> list[list[TextDelta]]:
+        """Offline helper: run every prompt to the end; the deltas of each, in order."""
+        results: dict[str, list[TextDelta]] = {}
+        for i, (prompt, config) in enumerate(zip(prompts, configs, strict=True)):
+            self.add_request(f"offline-{i}", prompt, config)
+            results[f"offline-{i}"] = []
+        while self.has_unfinished_requests():
+            for output in self.step():
+                results[output.request_id].extend(output.deltas)
+        return [results[f"offline-{i}"] for i in range(len(prompts))]

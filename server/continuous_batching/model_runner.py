@@ -1,0 +1,140 @@
+"""The only part of the engine that touches tensors: the model, its KV-cache pools, the block
+copies the scheduler asks for, and one forward per step over every scheduled token.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import torch
+
+from server.continuous_batching.block_manager import BlockOps
+from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.model.attention import build_attention_metadata
+from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
+from server.continuous_batching.scheduler import SchedulerOutput
+from server.continuous_batching.weights import load_model
+
+logger = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_GIB = 1024**3
+
+
+def resolve_max_model_len(model_path: str, requested: int | None) -> int:
+    """The context length: the config's ``model_max_length`` or the checkpoint's limit."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    limit = int(config.get("max_position_embeddings", 2048))
+    if requested is None:
+        return limit
+    if requested > limit:
+        logger.warning("model_max_length %d is beyond the model's %d positions", requested, limit)
+    return requested
+
+
+class ModelRunner:
+    """Loads the model, owns the device and CPU KV pools and runs steps."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        loading = config.model_loading_config
+        cache = config.cache_config
+        if loading.num_threads:
+            torch.set_num_threads(loading.num_threads)
+        self.device = torch.device(loading.device)
+        self.dtype = _DTYPES[loading.torch_dtype]
+        self.model_path = loading.model_name_or_path
+        self.model, self.arch = load_model(self.model_path, self.dtype, self.device)
+        self.max_model_len = resolve_max_model_len(self.model_path, loading.model_max_length)
+        self.block_size = cache.block_size
+        bytes_per_block = kv_bytes_per_block(self.arch, self.block_size, self.dtype)
+        self.num_blocks = cache.num_blocks or max(
+            1, int(cache.memory_budget_gb * _GIB) // bytes_per_block
+        )
+        self.kv_caches = self._allocate(self.num_blocks, self.device)
+        self.cpu_kv_caches = self._allocate(cache.num_blocks_cpu, torch.device("cpu"))
+        self._block_offsets = torch.arange(self.block_size, device=self.device)
+        logger.info(
+            "KV cache: %d device blocks + %d CPU blocks of %d tokens (%.1f MiB per block set)",
+            self.num_blocks,
+            cache.num_blocks_cpu,
+            self.block_size,
+            bytes_per_block / 2**20,
+        )
+
+    def _allocate(self, num_blocks: int, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
+        shape = kv_cache_shape(self.arch, num_blocks, self.block_size)
+        pin = device.type == "cpu" and self.device.type == "cuda"
+        return [
+            (
+                torch.zeros(shape, dtype=self.dtype, device=device, pin_memory=pin),
+                torch.zeros(shape, dtype=self.dtype, device=device, pin_memory=pin),
+            )
+            for _ in range(self.arch.num_hidden_layers)
+        ]
+
+    # -- block copies ---------------------------------------------------------------------
+    def _slots(self, blocks: list[int], device: torch.device) -> torch.Tensor:
+        ids = torch.tensor(blocks, dtype=torch.long, device=device)
+        offsets = self._block_offsets.to(device)
+        return (ids[:, None] * self.block_size + offsets[None, :]).reshape(-1)
+
+    def _copy_blocks(
+        self,
+        pairs: list[tuple[int, int]],
+        source: list[tuple[torch.Tensor, ...]],
+        target: list[tuple[torch.Tensor, ...]],
+    ) -> None:
+        if not pairs:
+            return
+        src_device = source[0][0].device
+        dst_device = target[0][0].device
+        src = self._slots([p[0] for p in pairs], src_device)
+        dst = self._slots([p[1] for p in pairs], dst_device)
+        for (src_k, src_v), (dst_k, dst_v) in zip(source, target, strict=True):
+            dst_k[dst] = src_k[src].to(dst_device, non_blocking=True)
+            dst_v[dst] = src_v[src].to(dst_device, non_blocking=True)
+
+    @torch.inference_mode()
+    def apply_block_ops(self, ops: BlockOps) -> None:
+        """Swap out, swap in, then copy-on-write, before the step's forward writes anything."""
+        self._copy_blocks(list(ops.swap_out.items()), self.kv_caches, self.cpu_kv_caches)
+        self._copy_blocks(list(ops.swap_in.items()), self.cpu_kv_caches, self.kv_caches)
+        self._copy_blocks(ops.copy, self.kv_caches, self.kv_caches)
+
+    # -- the step -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, plan: SchedulerOutput) -> torch.Tensor:
+        """Run the step's forward; logits ``[num_sampling_seqs, vocab]`` float32, plan order."""
+        self.apply_block_ops(plan.block_ops)
+        input_ids: list[int] = []
+        positions: list[int] = []
+        query_lens: list[int] = []
+        context_lens: list[int] = []
+        block_tables: list[list[int]] = []
+        sample_rows: list[int] = []
+        for item in plan.scheduled:
+            seq = item.seq
+            start = seq.num_computed_tokens
+            end = start + item.num_query_tokens
+            input_ids.extend(seq.token_ids[start:end])
+            positions.extend(range(start, end))
+            query_lens.append(item.num_query_tokens)
+            context_lens.append(end)
+            block_tables.append(seq.block_table)
+            if item.is_sampling:
+                sample_rows.append(len(input_ids) - 1)
+        attn = build_attention_metadata(
+            query_lens, context_lens, block_tables, self.block_size, self.device
+        )
+        hidden = self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            self.kv_caches,
+            attn,
+        )
+        if not sample_rows:
+            return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32)
+        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
+        return self.model.compute_logits(hidden[rows])
