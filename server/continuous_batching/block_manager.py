@@ -116,6 +116,7 @@ class BlockManager:
         self.cpu = BlockPool(num_blocks_cpu)
         self.num_watermark_blocks = int(watermark * num_blocks)
         self.enable_prefix_caching = enable_prefix_caching
+        self.num_prefix_hit_tokens = 0  # prompt tokens served from the prefix cache
 
     # -- capacity -------------------------------------------------------------------------
     def num_blocks_for(self, num_tokens: int) -> int:
@@ -195,6 +196,7 @@ class BlockManager:
             seq.block_table.append(block)
         seq.num_computed_tokens = len(seq.block_table) * self.block_size
         seq.num_registered_blocks = len(seq.block_table)
+        self.num_prefix_hit_tokens += seq.num_computed_tokens
         return seq.num_computed_tokens
 
     def register_computed(self, seq: Sequence) -> None:

@@ -48,11 +48,16 @@ class Decoder:
         return IncrementalDetokenizer(self.tokenizer, group.config.stop)
 
     # -- row parameters -------------------------------------------------------------------
+    def stop_token_ids(self, group: SequenceGroup) -> list[int]:
+        """Tokens that end a sequence of this request (EOS unless ignored, plus stop ids)."""
+        eos = [] if group.config.ignore_eos else self.eos_token_ids
+        return [*eos, *group.config.stop_token_ids]
+
     def _row(self, group: SequenceGroup, seq: Sequence) -> RowParams:
         config = group.config
         banned: list[int] = []
         if seq.num_generated < config.min_new_tokens:
-            banned = [*self.eos_token_ids, *config.stop_token_ids]
+            banned = self.stop_token_ids(group)
         return RowParams.from_generation_config(
             config,
             generator=group.generator,
@@ -130,8 +135,7 @@ class Decoder:
         seq.token_ids.append(token)
         if seq.detokenizer is None:
             seq.detokenizer = self.new_detokenizer(group)
-        is_eos = token in self.eos_token_ids and not config.ignore_eos
-        is_stop_token = is_eos or token in config.stop_token_ids
+        is_stop_token = token in self.stop_token_ids(group)
         text = "" if is_stop_token else seq.detokenizer.add_tokens([token])
         if is_stop_token or seq.detokenizer.is_stopped:
             seq.finish_reason = "stop"
@@ -158,7 +162,7 @@ class Decoder:
                 num_return_sequences=config.num_return_sequences,
                 length_penalty=config.length_penalty,
                 early_stopping=config.early_stopping,
-                eos_token_ids=[] if config.ignore_eos else list(self.eos_token_ids),
+                eos_token_ids=self.stop_token_ids(group),
                 num_prompt_tokens=entry.seqs[0].num_prompt_tokens,
                 max_new_tokens=config.max_new_tokens or 1,
                 min_new_tokens=config.min_new_tokens,
@@ -188,12 +192,13 @@ class Decoder:
 
     def _beam_results(self, group: SequenceGroup) -> list[TextDelta]:
         deltas = []
+        stop_ids = self.stop_token_ids(group)
         for index, (token_ids, _score) in enumerate(group.beam_state.finished()):
-            ends_with_eos = bool(token_ids) and token_ids[-1] in self.eos_token_ids
+            ends_with_stop = bool(token_ids) and token_ids[-1] in stop_ids
             detokenizer = self.new_detokenizer(group)
-            body = token_ids[:-1] if ends_with_eos else token_ids
+            body = token_ids[:-1] if ends_with_stop else token_ids
             text = detokenizer.add_tokens(body) + detokenizer.flush()
-            is_stop = (ends_with_eos and not group.config.ignore_eos) or detokenizer.is_stopped
+            is_stop = ends_with_stop or detokenizer.is_stopped
             deltas.append(
                 TextDelta(
                     index=index,

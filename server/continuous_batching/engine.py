@@ -71,9 +71,12 @@ class LLMEngine:
         self.eos_token_ids = load_eos_token_ids(self.runner.model_path, self.tokenizer)
         self.max_model_len = self.runner.max_model_len
         cache = config.cache_config
+        # A shared runner (tests, benchmarks) may hold bigger pools than this engine uses.
+        num_blocks = min(cache.num_blocks or self.runner.num_blocks, self.runner.num_blocks)
+        num_blocks_cpu = min(cache.num_blocks_cpu, self.runner.num_blocks_cpu)
         self.block_manager = BlockManager(
-            num_blocks=self.runner.num_blocks,
-            num_blocks_cpu=cache.num_blocks_cpu,
+            num_blocks=num_blocks,
+            num_blocks_cpu=num_blocks_cpu,
             block_size=cache.block_size,
             watermark=cache.watermark,
             enable_prefix_caching=cache.enable_prefix_caching,

@@ -52,6 +52,7 @@ class ModelRunner:
         self.num_blocks = cache.num_blocks or max(
             1, int(cache.memory_budget_gb * _GIB) // bytes_per_block
         )
+        self.num_blocks_cpu = cache.num_blocks_cpu
         self.kv_caches = self._allocate(self.num_blocks, self.device)
         self.cpu_kv_caches = self._allocate(cache.num_blocks_cpu, torch.device("cpu"))
         self._block_offsets = torch.arange(self.block_size, device=self.device)

@@ -1,0 +1,16 @@
+"""Llama-family model code of the continuous-batching engine (torch, paged KV cache)."""
+
+from .attention import AttentionGroup, AttentionMetadata, build_attention_metadata
+from .config import ModelArchConfig, UnsupportedModelError
+from .llama import LlamaForCausalLM, kv_bytes_per_block, kv_cache_shape
+
+__all__ = [
+    "AttentionGroup",
+    "AttentionMetadata",
+    "LlamaForCausalLM",
+    "ModelArchConfig",
+    "UnsupportedModelError",
+    "build_attention_metadata",
+    "kv_bytes_per_block",
+    "kv_cache_shape",
+]

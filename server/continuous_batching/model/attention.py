@@ -1,0 +1,160 @@
+"""Attention metadata for one engine step: where new K/V go and which keys each query reads.
+
+All tokens of a step (prefill chunks and decodes alike) are flattened into one axis. Attention
+is computed per *group*: sequences padded to a common query length Q and key length K so that
+one batched kernel serves the whole group. Keys are always read back from the paged cache
+through ``kv_slots`` (slot = block_id * block_size + offset), which is what makes a prompt
+split into chunks over several steps behave exactly like one long prefill.
+
+Everything here is built with numpy on the host, once per step, then turned into tensors with
+one copy per field: the forward pass itself never loops over sequences.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+#: A group is split when its padded attention area (G * Q * K query/key pairs) exceeds
+#: ``_WASTE_RATIO`` times the useful area plus ``_WASTE_SLACK`` pairs. Padded pairs cost real
+#: work (SDPA FLOPs for padded queries, cache gathers for padded keys) while one more group
+#: costs only a few small kernels per layer, so splitting starts at modest waste.
+_WASTE_RATIO = 1.25
+_WASTE_SLACK = 2048
+
+
+@dataclass
+class AttentionGroup:
+    """Sequences whose attention is computed in one batched call (padded to Q and K)."""
+
+    token_index: torch.Tensor  # [G, Q] long: rows of the flat token axis (padding -> a real row)
+    query_valid: torch.Tensor  # [G, Q] bool: True for real query tokens
+    kv_slots: torch.Tensor  # [G, K] long: cache slot of each key position (padding -> 0)
+    mask: torch.Tensor  # [G, 1, Q, K] bool: True = may attend; every row has a True
+    #: (start, stop) when token_index is exactly the flat rows start..stop-1 in order (no
+    #: padding): the forward then slices instead of gathering.
+    token_range: tuple[int, int] | None = None
+    #: [G, K / block_size] long: block ids covering the key positions (K is a whole number of
+    #: blocks, padding -> block 0), so whole blocks can be gathered at once. None: use kv_slots.
+    block_table: torch.Tensor | None = None
+
+
+@dataclass
+class AttentionMetadata:
+    """Per-step attention inputs shared by all layers."""
+
+    slot_mapping: torch.Tensor  # [num_tokens] long: cache slot where each token's K/V is written
+    groups: list[AttentionGroup]  # every real query token appears in exactly one group
+    #: [num_tokens] long: row of each token in the concatenation of the groups' flattened
+    #: [G*Q] outputs; None when that concatenation already is the flat token order.
+    output_index: torch.Tensor | None = None
+    num_tokens: int = 0
+
+
+def _split_groups(seq_ids: np.ndarray, q: np.ndarray, ctx: np.ndarray) -> list[np.ndarray]:
+    """Greedily pack sequences (largest query, then context, first) into groups whose padding
+    waste stays bounded; each group's ids are returned in flat-axis order."""
+    order = seq_ids[np.lexsort((-ctx[seq_ids], -q[seq_ids]))]
+    groups: list[list[int]] = []
+    current: list[int] = []
+    max_q = max_k = real = 0
+    for i in order.tolist():
+        new_q, new_k = max(max_q, int(q[i])), max(max_k, int(ctx[i]))
+        new_real = real + int(q[i]) * int(ctx[i])
+        padded = (len(current) + 1) * new_q * new_k
+        if current and padded > _WASTE_RATIO * new_real + _WASTE_SLACK:
+            groups.append(current)
+            current, new_q, new_k, new_real = [], int(q[i]), int(ctx[i]), int(q[i]) * int(ctx[i])
+        current.append(i)
+        max_q, max_k, real = new_q, new_k, new_real
+    if current:
+        groups.append(current)
+    return [np.sort(np.asarray(g, dtype=np.int64)) for g in groups]
+
+
+def build_attention_metadata(
+    query_lens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """Build the step's metadata.
+
+    Sequence i owns ``query_lens[i]`` consecutive rows of the flat token axis (sequences in
+    order) at positions ``context_lens[i] - query_lens[i] .. context_lens[i] - 1``;
+    ``context_lens[i]`` counts the tokens cached after this step, new ones included, and
+    ``block_tables[i]`` lists its block ids. Decodes (query_len 1) and prefill chunks are
+    grouped separately; a group is split when padding would waste much (see _split_groups).
+    """
+    n = len(query_lens)
+    if not (n == len(context_lens) == len(block_tables)) or n == 0:
+        raise ValueError("query_lens, context_lens and block_tables must be non-empty, same length")
+    q = np.asarray(query_lens, dtype=np.int64)
+    ctx = np.asarray(context_lens, dtype=np.int64)
+    n_blocks = np.fromiter((len(b) for b in block_tables), dtype=np.int64, count=n)
+    if (q < 1).any() or (ctx < q).any() or (ctx > n_blocks * block_size).any():
+        raise ValueError("need 1 <= query_len <= context_len <= len(block_table) * block_size")
+    table = np.zeros((n, int(n_blocks.max())), dtype=np.int64)
+    for i, blocks in enumerate(block_tables):
+        table[i, : len(blocks)] = blocks
+
+    num_tokens = int(q.sum())
+    starts = np.cumsum(q) - q
+    seq_of_token = np.repeat(np.arange(n), q)
+    pos = np.arange(num_tokens) - starts[seq_of_token] + (ctx - q)[seq_of_token]
+    slot_mapping = table[seq_of_token, pos // block_size] * block_size + pos % block_size
+
+    ids = np.arange(n)
+    decode_ids, prefill_ids = ids[q == 1], ids[q > 1]
+    group_ids = []
+    if decode_ids.size:
+        group_ids += _split_groups(decode_ids, q, ctx)
+    if prefill_ids.size:
+        group_ids += _split_groups(prefill_ids, q, ctx)
+
+    groups: list[AttentionGroup] = []
+    output_index = np.empty(num_tokens, dtype=np.int64)
+    base = 0
+    for s in group_ids:
+        gq, gctx, gstart = q[s][:, None], ctx[s][:, None], starts[s][:, None]
+        big_q = int(gq.max())
+        # Keys are padded to whole blocks so the forward may gather whole blocks at once.
+        num_key_blocks = -(-int(gctx.max()) // block_size)
+        big_k = num_key_blocks * block_size
+        col = np.arange(big_q)[None, :]
+        valid = col < gq
+        last = np.minimum(col, gq - 1)  # padded query rows repeat the last real one
+        token_index = gstart + last
+        query_pos = gctx - gq + last
+        key_pos = np.arange(big_k)
+        kv_slots = table[s][:, key_pos // block_size] * block_size + key_pos % block_size
+        kv_slots = np.where(key_pos[None, :] < gctx, kv_slots, 0)
+        mask = key_pos[None, None, :] <= query_pos[:, :, None]
+        flat = token_index.ravel()
+        output_index[token_index[valid]] = base + np.flatnonzero(valid.ravel())
+        token_range = None
+        if valid.all() and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)):
+            token_range = (int(flat[0]), int(flat[0]) + int(flat.size))
+        base += flat.size
+        groups.append(
+            AttentionGroup(
+                token_index=torch.from_numpy(token_index).to(device),
+                query_valid=torch.from_numpy(valid).to(device),
+                kv_slots=torch.from_numpy(kv_slots).to(device),
+                mask=torch.from_numpy(mask[:, None]).to(device),
+                token_range=token_range,
+                block_table=torch.from_numpy(np.ascontiguousarray(table[s][:, :num_key_blocks])).to(
+                    device
+                ),
+            )
+        )
+    identity = base == num_tokens and np.array_equal(output_index, np.arange(num_tokens))
+    return AttentionMetadata(
+        slot_mapping=torch.from_numpy(slot_mapping).to(device),
+        groups=groups,
+        output_index=None if identity else torch.from_numpy(output_index).to(device),
+        num_tokens=num_tokens,
+    )

@@ -1,0 +1,189 @@
+"""Llama-family decoder (llama, mistral, qwen2) for the continuous-batching engine.
+
+The tokens of every sequence in a step (prefill chunks and decodes alike) are flattened into
+one [num_tokens] axis and go through one forward. Per layer that is: RMSNorm, one fused q/k/v
+matmul, RoPE on q and k together, two cache writes, paged attention (a few kernels per group),
+o_proj with the residual add fused into ``addmm``, RMSNorm, one fused gate/up matmul,
+SiLU * up, down_proj fused with the residual add. No Python loop over sequences or tokens and
+no host synchronisation happen inside the forward.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionMetadata
+from .config import ModelArchConfig
+from .paged_attention import PagedAttention
+from .rotary import RotaryTables, apply_rope
+
+__all__ = [
+    "LlamaDecoderLayer",
+    "LlamaForCausalLM",
+    "ModelArchConfig",
+    "kv_bytes_per_block",
+    "kv_cache_shape",
+]
+
+
+def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
+    """Uninitialised inference-only parameter (the loader fills it)."""
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def kv_cache_shape(config: ModelArchConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
+    """Shape of one layer's K (or V) cache: [num_blocks * block_size, kv_heads, head_dim]."""
+    return (num_blocks * block_size, config.num_key_value_heads, config.head_dim)
+
+
+def kv_bytes_per_block(config: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes one block takes across all layers, K and V together."""
+    per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
+    return per_token * block_size * dtype.itemsize
+
+
+class LlamaDecoderLayer(nn.Module):
+    """One transformer block with q/k/v and gate/up fused into single weight matrices."""
+
+    def __init__(self, config: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        hidden, inter = config.hidden_size, config.intermediate_size
+        qkv_rows = config.q_size + 2 * config.kv_size
+        self.input_layernorm = _param((hidden,), dtype, device)
+        self.qkv_weight = _param((qkv_rows, hidden), dtype, device)
+        self.qkv_bias = _param((qkv_rows,), dtype, device) if config.attention_bias else None
+        self.o_weight = _param((hidden, config.q_size), dtype, device)
+        self.o_bias = _param((hidden,), dtype, device) if config.o_proj_bias else None
+        self.post_attention_layernorm = _param((hidden,), dtype, device)
+        self.gate_up_weight = _param((2 * inter, hidden), dtype, device)
+        self.gate_up_bias = _param((2 * inter,), dtype, device) if config.mlp_bias else None
+        self.down_weight = _param((hidden, inter), dtype, device)
+        self.down_bias = _param((hidden,), dtype, device) if config.mlp_bias else None
+        self.eps = config.rms_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.inter = inter
+
+    def hf_weight_targets(
+        self, c: ModelArchConfig
+    ) -> dict[str, tuple[torch.Tensor | None, int, int]]:
+        """HF tensor names within a layer -> (parameter or None if absent, row range)."""
+        q, kv, inter, hidden = c.q_size, c.kv_size, c.intermediate_size, c.hidden_size
+        fused = {
+            "self_attn.q_proj": (self.qkv_weight, self.qkv_bias, 0, q),
+            "self_attn.k_proj": (self.qkv_weight, self.qkv_bias, q, q + kv),
+            "self_attn.v_proj": (self.qkv_weight, self.qkv_bias, q + kv, q + 2 * kv),
+            "self_attn.o_proj": (self.o_weight, self.o_bias, 0, hidden),
+            "mlp.gate_proj": (self.gate_up_weight, self.gate_up_bias, 0, inter),
+            "mlp.up_proj": (self.gate_up_weight, self.gate_up_bias, inter, 2 * inter),
+            "mlp.down_proj": (self.down_weight, self.down_bias, 0, hidden),
+        }
+        targets: dict[str, tuple[torch.Tensor | None, int, int]] = {
+            "input_layernorm.weight": (self.input_layernorm, 0, hidden),
+            "post_attention_layernorm.weight": (self.post_attention_layernorm, 0, hidden),
+        }
+        for name, (weight, bias, start, end) in fused.items():
+            targets[f"{name}.weight"] = (weight, start, end)
+            targets[f"{name}.bias"] = (bias, start, end)
+        return targets
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        slot_mapping: torch.Tensor,
+        attention: PagedAttention,
+    ) -> torch.Tensor:
+        """x: residual stream [T, hidden]; returns the updated residual stream."""
+        t, hidden = x.shape
+        qk_heads = self.num_heads + self.num_kv_heads
+        h = F.rms_norm(x, (hidden,), self.input_layernorm, self.eps)
+        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+        # q and k are rotated together: one set of RoPE kernels for both.
+        qk = apply_rope(qkv[:, : qk_heads * self.head_dim].view(t, qk_heads, -1), cos, sin)
+        v = qkv[:, qk_heads * self.head_dim :].view(t, self.num_kv_heads, -1)
+        k_cache, v_cache = kv_cache
+        k_cache.index_copy_(0, slot_mapping, qk[:, self.num_heads :])
+        v_cache.index_copy_(0, slot_mapping, v)
+        # Attention reads K/V back from the cache (including this step's): chunked prefill,
+        # whole prefill and decode then see exactly the same keys.
+        attn = attention(qk[:, : self.num_heads], k_cache, v_cache)
+        x = _linear_residual(x, attn, self.o_weight, self.o_bias)
+        h = F.rms_norm(x, (hidden,), self.post_attention_layernorm, self.eps)
+        gate_up = F.linear(h, self.gate_up_weight, self.gate_up_bias)
+        act = F.silu(gate_up[:, : self.inter]).mul_(gate_up[:, self.inter :])
+        return _linear_residual(x, act, self.down_weight, self.down_bias)
+
+
+def _linear_residual(
+    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """residual + x @ weight.T (+ bias); without a bias it is a single addmm kernel."""
+    if bias is None:
+        return torch.addmm(residual, x, weight.t())
+    return residual + F.linear(x, weight, bias)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Llama-family causal LM over a paged KV cache (see the module docstring)."""
+
+    def __init__(self, config: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
+        super().__init__()
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.embed_tokens = _param((config.vocab_size, config.hidden_size), dtype, self.device)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = _param((config.hidden_size,), dtype, self.device)
+        if config.tie_word_embeddings:
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = _param((config.vocab_size, config.hidden_size), dtype, self.device)
+        self.rotary = RotaryTables(config, dtype, self.device)
+
+    def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
+        """Map each Hugging Face tensor name to (our parameter, first row, end row): fused
+        parameters receive several HF tensors, each into its own row range."""
+        c = self.config
+        targets: dict[str, tuple[torch.Tensor, int, int]] = {
+            "model.embed_tokens.weight": (self.embed_tokens, 0, c.vocab_size),
+            "model.norm.weight": (self.norm, 0, c.hidden_size),
+        }
+        if not c.tie_word_embeddings:
+            targets["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
+        for i, layer in enumerate(self.layers):
+            for suffix, (param, start, end) in layer.hf_weight_targets(c).items():
+                if param is not None:
+                    targets[f"model.layers.{i}.{suffix}"] = (param, start, end)
+        return targets
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        attn: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Run one step over the flat token axis; returns final-norm hidden states [T, hidden]."""
+        c = self.config
+        cos, sin = self.rotary.lookup(positions)
+        attention = PagedAttention(
+            attn, c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.dtype
+        )
+        x = F.embedding(input_ids, self.embed_tokens)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, attn.slot_mapping, attention)
+        return F.rms_norm(x, (c.hidden_size,), self.norm, c.rms_norm_eps)
+
+    @torch.inference_mode()
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits [n, vocab] in float32 for the rows the runner samples from."""
+        return F.linear(hidden_states, self.lm_head).float()

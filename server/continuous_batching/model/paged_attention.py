@@ -1,0 +1,169 @@
+"""Attention over the paged KV cache for one step, in plain torch (device-agnostic).
+
+``PagedAttention`` is built once per forward from the step's AttentionMetadata: everything
+that depends only on the metadata (gather indices, additive masks) is derived there and reused
+by every layer, so a layer runs a handful of kernels per group. On CPU the cost of decode
+attention is moving K/V (memory bound) and tiny batched GEMMs, so each path is chosen to
+gather K/V once, in big chunks, and to give the GEMMs a usable shape:
+
+* decode, few kv heads (<= ``BLOCK_DIAGONAL_MAX_KV_HEADS``): whole cache blocks are gathered
+  (one ``index_select`` per K/V, [G, K, kv_heads * head_dim], no transpose) and the query heads
+  are laid out block-diagonally ([G, heads, kv_heads * head_dim], zero outside their kv head),
+  so one ``baddbmm`` computes every head's scores (+ mask, scaled) against the token-major
+  keys. It does kv_heads times the useful FLOPs, which are tiny in decode; measured on the
+  2-core CPU (bf16, 64 sequences, context 200) its attention is ~20% faster than the per-head
+  layout below (block gathers copy 6 KB chunks; the per-head GEMMs have only heads/kv_heads
+  rows, which batched GEMM kernels handle poorly).
+* decode, many kv heads: per-head rows are gathered into [G * kv_heads, K, head_dim] and the
+  ``rep = heads / kv_heads`` query heads sharing a kv head form the GEMM rows
+  (grouped-query attention without expanding K/V). scaled_dot_product_attention, with
+  ``enable_gqa`` or with K/V repeated, was several times slower for single-token queries.
+* prefill chunks (Q > 1): per-head rows as above, then ``scaled_dot_product_attention`` with
+  the boolean mask and ``enable_gqa`` (flash kernel: no [Q, K] scores per head in memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import torch.nn.functional as F
+
+from .attention import AttentionGroup, AttentionMetadata
+
+#: Up to this many kv heads, decode uses the block-diagonal query layout (see module doc).
+BLOCK_DIAGONAL_MAX_KV_HEADS = 4
+
+
+@lru_cache(maxsize=8)
+def _block_diagonal_mask(
+    kv_heads: int, rep: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """[heads, kv_heads, 1]: 1 where query head h belongs to kv head j (broadcasts over D)."""
+    kv_of_head = torch.arange(kv_heads * rep, device=device) // rep
+    own = kv_of_head[:, None] == torch.arange(kv_heads, device=device)[None, :]
+    return own.to(dtype).unsqueeze(-1)
+
+
+@dataclass
+class _GroupPlan:
+    """Per-forward tensors of one attention group, shared by all layers."""
+
+    num_seqs: int
+    q_len: int
+    k_len: int
+    token_range: tuple[int, int] | None  # slice of the flat axis, when no gather is needed
+    token_index: torch.Tensor  # [G*Q] rows of the flat axis to gather
+    block_rows: torch.Tensor | None  # [G*K/bs] block ids (block-diagonal decode path)
+    head_rows: torch.Tensor | None  # [G*kv_heads*K] rows of the cache as [slots*kv_heads, D]
+    bias: torch.Tensor | None  # additive decode mask: [G, 1, K] or [G*kv_heads, rep, K]
+    mask: torch.Tensor  # [G, 1, Q, K] bool (prefill)
+
+
+class PagedAttention:
+    """Attention of all groups of one step; call once per layer."""
+
+    def __init__(
+        self,
+        meta: AttentionMetadata,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+    ) -> None:
+        self.meta = meta
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.rep = num_heads // num_kv_heads
+        self.scale = head_dim**-0.5
+        self.plans = [self._plan(group, dtype) for group in meta.groups]
+        self.bd_mask: torch.Tensor | None = None
+        if any(p.block_rows is not None for p in self.plans):
+            device = meta.slot_mapping.device
+            self.bd_mask = _block_diagonal_mask(num_kv_heads, self.rep, dtype, device)
+
+    def _plan(self, group: AttentionGroup, dtype: torch.dtype) -> _GroupPlan:
+        g, q_len = group.token_index.shape
+        k_len = group.kv_slots.shape[1]
+        kvh = self.num_kv_heads
+        block_rows = head_rows = bias = None
+        if q_len == 1:
+            bias = torch.zeros((g, 1, k_len), dtype=dtype, device=group.mask.device)
+            bias.masked_fill_(group.mask.view(g, 1, k_len).logical_not(), float("-inf"))
+        if q_len == 1 and group.block_table is not None and kvh <= BLOCK_DIAGONAL_MAX_KV_HEADS:
+            block_rows = group.block_table.reshape(-1)
+        else:
+            heads = torch.arange(kvh, device=group.kv_slots.device)
+            head_rows = (group.kv_slots.unsqueeze(1) * kvh + heads[:, None]).reshape(-1)
+            if bias is not None:
+                bias = bias.unsqueeze(1).expand(g, kvh, self.rep, k_len)
+                bias = bias.reshape(g * kvh, self.rep, k_len)
+        return _GroupPlan(
+            num_seqs=g,
+            q_len=q_len,
+            k_len=k_len,
+            token_range=group.token_range,
+            token_index=group.token_index.reshape(-1),
+            block_rows=block_rows,
+            head_rows=head_rows,
+            bias=bias,
+            mask=group.mask,
+        )
+
+    def __call__(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """q: [T, heads, head_dim] (rotated, may be strided); caches already hold this step's
+        K/V. Returns [T, heads * head_dim] in flat token order."""
+        outs = [self._group(p, q, k_cache, v_cache) for p in self.plans]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if self.meta.output_index is not None:
+            out = out.index_select(0, self.meta.output_index)
+        return out
+
+    def _group(
+        self, p: _GroupPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        if p.token_range is not None:
+            qg = q[p.token_range[0] : p.token_range[1]]
+        else:
+            qg = q.index_select(0, p.token_index)
+        if p.block_rows is not None:
+            return self._decode_block_diagonal(p, qg, k_cache, v_cache)
+        g, kvh, d = p.num_seqs, self.num_kv_heads, self.head_dim
+        k = k_cache.view(-1, d).index_select(0, p.head_rows)
+        v = v_cache.view(-1, d).index_select(0, p.head_rows)
+        if p.bias is not None:  # decode, per-head layout
+            qg = qg.reshape(g * kvh, self.rep, d)
+            k = k.view(g * kvh, p.k_len, d)
+            scores = torch.baddbmm(p.bias, qg, k.transpose(1, 2), alpha=self.scale)
+            probs = torch.softmax(scores, dim=-1)
+            return torch.bmm(probs, v.view(g * kvh, p.k_len, d)).view(g, self.num_heads * d)
+        qg = qg.view(g, p.q_len, self.num_heads, d).transpose(1, 2)
+        out = F.scaled_dot_product_attention(
+            qg,
+            k.view(g, kvh, p.k_len, d),
+            v.view(g, kvh, p.k_len, d),
+            attn_mask=p.mask,
+            enable_gqa=self.rep > 1,
+        )
+        return out.transpose(1, 2).reshape(g * p.q_len, self.num_heads * d)
+
+    def _decode_block_diagonal(
+        self, p: _GroupPlan, qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> torch.Tensor:
+        """Single-token queries against whole gathered blocks (see the module docstring)."""
+        g, kvh, d = p.num_seqs, self.num_kv_heads, self.head_dim
+        width = kvh * d
+        block_width = p.k_len // (p.block_rows.numel() // g) * width
+        k = k_cache.view(-1, block_width).index_select(0, p.block_rows).view(g, p.k_len, width)
+        v = v_cache.view(-1, block_width).index_select(0, p.block_rows).view(g, p.k_len, width)
+        # [G, heads, kv_heads * head_dim], zero outside each head's own kv-head slice.
+        q_bd = (qg.unsqueeze(2) * self.bd_mask).view(g, self.num_heads, width)
+        scores = torch.baddbmm(p.bias, q_bd, k.transpose(1, 2), alpha=self.scale)
+        out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [G, heads, kv_heads * head_dim]
+        # Keep each head's own kv-head slice: the diagonal of (kv head of q, kv head of v).
+        out = out.view(g, kvh, self.rep, kvh, d).diagonal(dim1=1, dim2=3)  # [G, rep, d, kvh]
+        return out.permute(0, 3, 1, 2).reshape(g, self.num_heads * d)

@@ -1,0 +1,224 @@
+"""Next-token selection for a heterogeneous batch: greedy and sampled rows side by side.
+
+One :func:`sample` call per engine step covers every row that needs a token, each row with its
+own :class:`RowParams`. Processing follows ``GenerationMixin._get_logits_processor`` in
+transformers 5: repetition penalty, banned ids (``min_new_tokens``), then, for sampled rows
+only, temperature, top-k, top-p and typical-p; greedy rows take the argmax of the processed
+scores, sampled rows draw from their softmax.
+
+Every transform runs once over all the rows that use it (a masked sub-batch) and is skipped when
+no row does, so an all-greedy batch without penalties costs a single ``argmax``.
+
+Reproducibility: a sampled row draws its randomness from its own ``torch.Generator`` with the
+"exponential race" ``argmax(probs / q)``, ``q ~ Exp(1)`` i.i.d. per token, which picks token
+``i`` with probability ``probs[i]`` (same law as ``torch.multinomial``). A row consumes exactly
+``V`` exponentials from its generator per step, whatever else is batched, so a seeded request
+gives the same tokens alone or in any batch. Rows of one request that share a generator
+(``num_return_sequences > 1``) draw in the order they appear in ``rows``; the engine must keep
+that order stable (e.g. by sequence index). The draws differ from ``generate``'s multinomial,
+so the samples are not those transformers would draw for the same seed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from protocol.generation import GenerationConfig
+from server.continuous_batching.logits_processing import (
+    apply_banned_tokens,
+    apply_repetition_penalty,
+    apply_temperature,
+    apply_top_k,
+    apply_top_p,
+    apply_typical_p,
+)
+
+__all__ = ["RowParams", "beam_log_probs", "make_generator", "process_logits", "sample"]
+
+
+@dataclass
+class RowParams:
+    """Decoding parameters of one batch row (one sequence of a request)."""
+
+    is_greedy: bool = True
+    temperature: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    generator: torch.Generator | None = None  # None draws from the global RNG
+    # Ids scored -inf this step, e.g. EOS + stop ids while min_new_tokens is not reached.
+    banned_token_ids: list[int] = field(default_factory=list)
+    # Prompt + generated ids; HF penalises over input_ids, which includes the prompt.
+    penalty_token_ids: list[int] | None = None
+
+    @classmethod
+    def from_generation_config(
+        cls,
+        config: GenerationConfig,
+        *,
+        generator: torch.Generator | None = None,
+        banned_token_ids: list[int] | None = None,
+        penalty_token_ids: list[int] | None = None,
+    ) -> RowParams:
+        """Row parameters for a request's sequence (beam rows are built with ``is_greedy``)."""
+        return cls(
+            is_greedy=not config.do_sample or config.is_beam_search,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            typical_p=config.typical_p,
+            repetition_penalty=config.repetition_penalty,
+            generator=generator,
+            banned_token_ids=list(banned_token_ids or []),
+            penalty_token_ids=penalty_token_ids if config.repetition_penalty != 1.0 else None,
+        )
+
+    @property
+    def samples(self) -> bool:
+        """True when this row draws at random (temperature 0 means greedy, as OpenAI does)."""
+        return not self.is_greedy and self.temperature > 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """True when the repetition penalty changes this row's scores."""
+        return self.repetition_penalty != 1.0 and bool(self.penalty_token_ids)
+
+
+def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
+    """A generator seeded with ``seed`` on ``device``, or ``None`` (global RNG) without a seed."""
+    if seed is None:
+        return None
+    generator = torch.Generator(device=device)
+    generator.manual_seed(seed)
+    return generator
+
+
+def _index(rows: list[int], device: torch.device) -> torch.Tensor:
+    return torch.tensor(rows, dtype=torch.long, device=device)
+
+
+def _column(values: list[float], device: torch.device) -> torch.Tensor:
+    # Python floats are rounded to float32 here exactly as torch rounds HF's scalar operands.
+    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+
+
+def _apply_to_rows(
+    scores: torch.Tensor, rows: list[int], transform: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """``transform`` the given rows of ``scores`` only (all of them without copying)."""
+    if len(rows) == scores.shape[0]:
+        return transform(scores)
+    index = _index(rows, scores.device)
+    scores[index] = transform(scores[index])
+    return scores
+
+
+def _processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
+    """Repetition penalty and banned ids: the processors HF applies to every strategy."""
+    device, vocab_size = scores.device, scores.shape[-1]
+    penalised = [i for i, row in enumerate(rows) if row.penalised]
+    if penalised:
+        ids = [rows[i].penalty_token_ids or [] for i in penalised]
+        padded = torch.full((len(ids), max(len(x) for x in ids)), vocab_size, dtype=torch.long)
+        for j, x in enumerate(ids):
+            padded[j, : len(x)] = torch.tensor(x, dtype=torch.long).clamp_(max=vocab_size)
+        padded = padded.to(device)
+        penalty = _column([rows[i].repetition_penalty for i in penalised], device)
+        scores = _apply_to_rows(
+            scores, penalised, lambda s: apply_repetition_penalty(s, padded, penalty)
+        )
+    banned_rows = [i for i, row in enumerate(rows) for _ in row.banned_token_ids]
+    if banned_rows:
+        banned_ids = [t for row in rows for t in row.banned_token_ids]
+        apply_banned_tokens(scores, _index(banned_rows, device), _index(banned_ids, device))
+    return scores
+
+
+def _warpers(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
+    """Temperature, top-k, top-p and typical-p, each over the sampled rows that use it."""
+    device, vocab_size = scores.device, scores.shape[-1]
+    sampled = [i for i, row in enumerate(rows) if row.samples]
+
+    hot = [i for i in sampled if rows[i].temperature != 1.0]
+    if hot:
+        temperature = _column([rows[i].temperature for i in hot], device)
+        scores = _apply_to_rows(scores, hot, lambda s: apply_temperature(s, temperature))
+
+    top_k = [i for i in sampled if rows[i].top_k > 0]
+    if top_k:
+        ks = _index([min(max(rows[i].top_k, 1), vocab_size) for i in top_k], device)
+        scores = _apply_to_rows(scores, top_k, lambda s: apply_top_k(s, ks))
+
+    top_p = [i for i in sampled if rows[i].top_p < 1.0]
+    if top_p:
+        one_minus = _column([1.0 - rows[i].top_p for i in top_p], device)
+        scores = _apply_to_rows(scores, top_p, lambda s: apply_top_p(s, one_minus))
+
+    typical = [i for i in sampled if rows[i].typical_p < 1.0]
+    if typical:
+        mass = _column([rows[i].typical_p for i in typical], device)
+        scores = _apply_to_rows(scores, typical, lambda s: apply_typical_p(s, mass))
+    return scores
+
+
+def process_logits(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
+    """The scores each row's next token is chosen from: ``[R, V]`` float32, a new tensor.
+
+    Greedy rows get the processors only (HF ignores warpers without ``do_sample``); sampled
+    rows also get the warpers. Rows a transform does not apply to are left bit-for-bit intact.
+    """
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
+    scores = logits.to(dtype=torch.float32, copy=True)
+    scores = _processors(scores, rows)
+    return _warpers(scores, rows)
+
+
+def beam_log_probs(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
+    """Processed log-probabilities of beam rows, as ``_beam_search`` computes them.
+
+    HF takes ``log_softmax`` of the raw logits first and runs the processors (repetition
+    penalty, min-new-tokens EOS ban) on the log-probs; beam search uses no warpers.
+    """
+    log_probs = torch.nn.functional.log_softmax(logits.to(torch.float32), dim=-1)
+    return _processors(log_probs, rows)
+
+
+def _exponential_noise(
+    shape: tuple[int, int], rows: list[RowParams], device: torch.device
+) -> torch.Tensor:
+    """``Exp(1)`` noise, row ``j`` drawn from ``rows[j].generator`` (one draw of V per row)."""
+    noise = torch.empty(shape, dtype=torch.float32, device=device)
+    unseeded = []
+    for j, row in enumerate(rows):
+        if row.generator is None:
+            unseeded.append(j)
+        else:
+            noise[j].exponential_(generator=row.generator)
+    if unseeded:
+        noise[_index(unseeded, device)] = torch.empty(
+            (len(unseeded), shape[1]), dtype=torch.float32, device=device
+        ).exponential_()
+    # A draw of exactly 0 would turn a zero probability into 0/0 = NaN, which argmax picks.
+    return noise.clamp_min_(torch.finfo(torch.float32).tiny)
+
+
+def sample(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
+    """Next token ids ``[R]`` (long) for logits ``[R, V]``, each row by its own parameters."""
+    if not any(row.samples or row.penalised or row.banned_token_ids for row in rows):
+        if logits.shape[0] != len(rows):
+            raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
+        return logits.argmax(dim=-1)
+    scores = process_logits(logits, rows)
+    next_tokens = scores.argmax(dim=-1)
+    sampled = [i for i, row in enumerate(rows) if row.samples]
+    if sampled:
+        index = _index(sampled, scores.device)
+        probs = torch.softmax(scores[index], dim=-1)
+        noise = _exponential_noise(tuple(probs.shape), [rows[i] for i in sampled], scores.device)
+        next_tokens[index] = (probs / noise).argmax(dim=-1)
+    return next_tokens
