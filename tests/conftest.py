@@ -16,6 +16,8 @@ from servers import ServerThread  # noqa: E402
 
 from server.common.app import create_server_app  # noqa: E402
 from server.common.service import ServingSettings  # noqa: E402
+from server.continuous_batching.config import EngineConfig  # noqa: E402
+from server.continuous_batching.model_runner import ModelRunner  # noqa: E402
 from server.static_batching.backend import StaticBatchingBackend, load_model  # noqa: E402
 from server.static_batching.config import SBServerConfig  # noqa: E402
 from server.static_batching.worker import LoadedModel  # noqa: E402
@@ -66,3 +68,22 @@ def sb_gateway(
     )
     yield gateway
     gateway.stop()
+
+
+def engine_config(model_path: Path, **cache: object) -> EngineConfig:
+    return EngineConfig.model_validate(
+        {
+            "model_loading_config": {
+                "model_name_or_path": str(model_path),
+                "torch_dtype": "float32",
+            },
+            "batcher_config": {"batch_max_tokens": 512, "batch_max_beams": 64},
+            "cache_config": {"num_blocks": 1024, "num_blocks_cpu": 256, "block_size": 16, **cache},
+        }
+    )
+
+
+@pytest.fixture(scope="session")
+def cb_runner(default_model_path: Path) -> ModelRunner:
+    """The CB model (float32) and KV pools, loaded once; tests build engines over it."""
+    return ModelRunner(engine_config(default_model_path))

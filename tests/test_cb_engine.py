@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import engine_config
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.config import EngineConfig
 from server.continuous_batching.engine import EngineError, LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 
@@ -39,25 +39,6 @@ PLAIN_PROMPTS = [
     "Rain is",
 ]
 NUM_NEW = 12
-
-
-def engine_config(model_path: Path, **cache: object) -> EngineConfig:
-    return EngineConfig.model_validate(
-        {
-            "model_loading_config": {
-                "model_name_or_path": str(model_path),
-                "torch_dtype": "float32",
-            },
-            "batcher_config": {"batch_max_tokens": 512, "batch_max_beams": 64},
-            "cache_config": {"num_blocks": 1024, "num_blocks_cpu": 256, "block_size": 16, **cache},
-        }
-    )
-
-
-@pytest.fixture(scope="session")
-def cb_runner(default_model_path: Path) -> ModelRunner:
-    """The model and KV pools, loaded once; each test builds engines over it."""
-    return ModelRunner(engine_config(default_model_path))
 
 
 @pytest.fixture
