@@ -13,7 +13,6 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from server.common.app import create_server_app
-from server.common.service import ServingSettings
 from server.static_batching.backend import StaticBatchingBackend
 from server.static_batching.config import load_sb_server_config
 from utils.logging import setup_logging
@@ -26,11 +25,7 @@ def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
     setup_logging(os.environ.get("LLM_SUITE_LOG_LEVEL", "INFO"))
     config = load_sb_server_config(config_path)
     backend = StaticBatchingBackend(config)
-    settings = ServingSettings(
-        served_model_names=[backend.model_id],
-        default_max_new_tokens=config.serving_config.default_max_new_tokens,
-        request_timeout_seconds=config.serving_config.request_timeout_seconds,
-    )
+    settings = config.serving_config.settings(backend.model_id)
     return create_server_app(backend, settings, title="Static-batching LLM server")
 
 

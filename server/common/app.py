@@ -44,7 +44,7 @@ def create_server_app(
 
     The backend's engine starts with the app's lifespan and stops with it.
     """
-    metrics = ServerMetrics(backend.load_report)
+    metrics = ServerMetrics(backend.load_report, backend.counters)
     service = GenerationService(backend, settings, metrics)
 
     @asynccontextmanager

@@ -78,6 +78,10 @@ class GenerationBackend(abc.ABC):
     def load_report(self) -> LoadReport:
         """Current queue and cache figures for ``GET /health``."""
 
+    def counters(self) -> dict[str, float]:
+        """Monotonic engine counters for ``/metrics`` (name -> value); none by default."""
+        return {}
+
     @property
     def eos_token_ids(self) -> list[int]:
         """Token ids that end a sequence (from the tokenizer and generation config)."""

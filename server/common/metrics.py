@@ -11,7 +11,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from protocol.health import LoadReport
@@ -24,22 +24,31 @@ _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.
 
 
 class _LoadCollector(Collector):
-    """Reads the backend's load report at scrape time, so gauges are never stale."""
+    """Reads the backend's load report and counters at scrape time, so nothing is stale."""
 
-    def __init__(self, read_load: Callable[[], LoadReport]) -> None:
+    def __init__(
+        self, read_load: Callable[[], LoadReport], read_counters: Callable[[], dict[str, float]]
+    ) -> None:
         self._read_load = read_load
+        self._read_counters = read_counters
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         load = self._read_load()
         for name, value in load.model_dump().items():
             if value is not None:
                 yield GaugeMetricFamily(f"llm_{name}", f"Current {name.replace('_', ' ')}", value)
+        for name, value in self._read_counters().items():
+            yield CounterMetricFamily(f"llm_{name}", name.replace("_", " "), value)
 
 
 class ServerMetrics:
     """Request outcomes, token counts and latencies of one model server."""
 
-    def __init__(self, read_load: Callable[[], LoadReport]) -> None:
+    def __init__(
+        self,
+        read_load: Callable[[], LoadReport],
+        read_counters: Callable[[], dict[str, float]] = dict,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
             "llm_requests",
@@ -71,7 +80,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_LoadCollector(read_load))
+        self.registry.register(_LoadCollector(read_load, read_counters))
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -102,6 +102,16 @@ class AsyncEngine(GenerationBackend):
             num_cpu_kv_blocks_total=block_manager.cpu.num_blocks,
         )
 
+    def counters(self) -> dict[str, float]:
+        """Engine steps, generated tokens, preemptions by kind and prefix-cache hits."""
+        stats = self.engine.stats
+        return {
+            "engine_steps": stats.num_steps,
+            "preemptions_swap": stats.num_swap_preemptions,
+            "preemptions_recompute": stats.num_recompute_preemptions,
+            "prefix_cache_hit_tokens": self.engine.block_manager.num_prefix_hit_tokens,
+        }
+
     # -- engine thread --------------------------------------------------------------------
     def _deliver(self, request_id: str, item: RequestOutput | APIError) -> None:
         queue = self._streams.get(request_id)

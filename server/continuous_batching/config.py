@@ -29,10 +29,23 @@ class ModelLoadingConfig(_Section):
     model_max_length: int | None = Field(default=None, ge=2)
     use_fast_tokenizer: bool = True
     trust_remote_code: bool = False
-    quantize_method: Literal["gptq"] | None = None
-    gptq_model_base_name: str | None = None
-    gptq_config_base_name: str | None = None
-    gguf_file: str | None = None
+    quantize_method: Literal["gptq"] | None = Field(
+        default=None, description="gptq: int4 GPTQ folder (also detected from its config)"
+    )
+    gptq_model_base_name: str | None = Field(
+        default=None, description="GPTQ weights file without .safetensors (default: all)"
+    )
+    gptq_config_base_name: str | None = Field(
+        default=None, description="GPTQ settings file without .json (quantize_config)"
+    )
+    gptq_dequantize_at_load: bool = Field(
+        default=False, description="dense weights at load: faster, but no int4 memory saving"
+    )
+    gguf_file: str | None = Field(
+        default=None,
+        description="GGUF file (in model_name_or_path, or a path); a model_name_or_path "
+        "ending in .gguf is loaded as GGUF too",
+    )
     served_model_name: str | None = None
 
 
@@ -76,6 +89,10 @@ class EngineConfig(_Section):
 
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
-        if self.model_loading_config.quantize_method == "gptq":
-            raise ValueError("model_loading_config.quantize_method: gptq is not supported yet")
+        loading = self.model_loading_config
+        is_gguf = bool(loading.gguf_file) or loading.model_name_or_path.lower().endswith(".gguf")
+        if loading.quantize_method == "gptq" and is_gguf:
+            raise ValueError(
+                "model_loading_config.quantize_method: gptq needs a GPTQ folder, not a GGUF file"
+            )
         return self

@@ -47,7 +47,26 @@ class EngineStats:
     num_generated_tokens: int = 0
 
 
-def load_eos_token_ids(model_path: str, tokenizer: Any) -> list[int]:
+def load_tokenizer(tokenizer_path: str | None, runner: ModelRunner) -> tuple[Any, Path]:
+    """The tokenizer, and the folder whose ``generation_config.json`` gives the EOS ids.
+
+    ``tokenizer_name_or_path`` if set, else the model folder; GGUF weights without a tokenizer
+    folder use the tokenizer embedded in the GGUF file (transformers converts it).
+    """
+    gguf = runner.gguf_path
+    if tokenizer_path:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
+        return tokenizer, Path(tokenizer_path if gguf is not None else runner.model_path)
+    if gguf is not None:
+        tokenizer = AutoTokenizer.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, local_files_only=True
+        )
+        return tokenizer, gguf.parent
+    tokenizer = AutoTokenizer.from_pretrained(runner.model_path, local_files_only=True)
+    return tokenizer, Path(runner.model_path)
+
+
+def load_eos_token_ids(model_path: str | Path, tokenizer: Any) -> list[int]:
     """EOS ids from the checkpoint's generation config, else the tokenizer's."""
     ids: list[int] = []
     path = Path(model_path) / "generation_config.json"
@@ -66,9 +85,8 @@ class LLMEngine:
         self.config = config
         loading = config.model_loading_config
         self.runner = runner or ModelRunner(config)
-        tokenizer_path = loading.tokenizer_name_or_path or self.runner.model_path
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
-        self.eos_token_ids = load_eos_token_ids(self.runner.model_path, self.tokenizer)
+        self.tokenizer, metadata_dir = load_tokenizer(loading.tokenizer_name_or_path, self.runner)
+        self.eos_token_ids = load_eos_token_ids(metadata_dir, self.tokenizer)
         self.max_model_len = self.runner.max_model_len
         cache = config.cache_config
         # A shared runner (tests, benchmarks) may hold bigger pools than this engine uses.

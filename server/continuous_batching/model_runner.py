@@ -4,9 +4,7 @@ copies the scheduler asks for, and one forward per step over every scheduled tok
 
 from __future__ import annotations
 
-import json
 import logging
-from pathlib import Path
 
 import torch
 
@@ -16,6 +14,7 @@ from server.continuous_batching.model.attention import build_attention_metadata
 from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
 from server.continuous_batching.scheduler import SchedulerOutput
 from server.continuous_batching.weights import load_model
+from server.continuous_batching.weights_gguf import gguf_path
 
 logger = logging.getLogger(__name__)
 
@@ -23,10 +22,8 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 _GIB = 1024**3
 
 
-def resolve_max_model_len(model_path: str, requested: int | None) -> int:
-    """The context length: the config's ``model_max_length`` or the checkpoint's limit."""
-    config = json.loads((Path(model_path) / "config.json").read_text())
-    limit = int(config.get("max_position_embeddings", 2048))
+def resolve_max_model_len(limit: int, requested: int | None) -> int:
+    """The context length: the config's ``model_max_length`` or the checkpoint's ``limit``."""
     if requested is None:
         return limit
     if requested > limit:
@@ -45,8 +42,21 @@ class ModelRunner:
         self.device = torch.device(loading.device)
         self.dtype = _DTYPES[loading.torch_dtype]
         self.model_path = loading.model_name_or_path
-        self.model, self.arch = load_model(self.model_path, self.dtype, self.device)
-        self.max_model_len = resolve_max_model_len(self.model_path, loading.model_max_length)
+        #: The GGUF file when the weights come from one (the tokenizer may too), else None.
+        self.gguf_path = gguf_path(self.model_path, loading.gguf_file)
+        self.model, self.arch = load_model(
+            self.model_path,
+            self.dtype,
+            self.device,
+            gguf_file=loading.gguf_file,
+            quantize_method=loading.quantize_method,
+            gptq_model_base_name=loading.gptq_model_base_name,
+            gptq_config_base_name=loading.gptq_config_base_name,
+            gptq_dequantize_at_load=loading.gptq_dequantize_at_load,
+        )
+        self.max_model_len = resolve_max_model_len(
+            self.arch.max_position_embeddings, loading.model_max_length
+        )
         self.block_size = cache.block_size
         bytes_per_block = kv_bytes_per_block(self.arch, self.block_size, self.dtype)
         self.num_blocks = cache.num_blocks or max(

@@ -1,18 +1,25 @@
-"""Load a llama-family Hugging Face checkpoint into the continuous-batching model.
+"""Load a llama-family checkpoint into the continuous-batching model.
 
-Loading is split in two so other checkpoint formats can plug in later:
+Loading is split in two so checkpoint formats plug in:
 
-* a *source* yields ``(hf_name, tensor)`` pairs in Hugging Face naming
-  (``iter_safetensors`` here; GGUF and GPTQ sources can yield dequantised tensors under the
-  same names);
+* a *source* yields ``(hf_name, tensor)`` pairs in Hugging Face naming: ``iter_safetensors``
+  (a Hugging Face folder), ``weights_gguf.iter_gguf`` (a llama.cpp GGUF file, dequantised),
+  or the dense part of a GPTQ folder;
 * ``assign_weights`` copies those pairs into the model's (partly fused) parameters, casting
   to the model dtype, and checks that every parameter was filled exactly once.
+
+``load_model`` picks the source: a ``.gguf`` file (or ``gguf_file``), a GPTQ folder (its
+``quantize_config.json`` or ``quantization_config`` says so), else plain safetensors. GPTQ
+layers become int4 ``QuantLinear``s installed in place of the dense matmuls, or, with
+``gptq_dequantize_at_load``, dense weights like any other checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterable, Iterator
+from itertools import chain
 from pathlib import Path
 
 import torch
@@ -20,9 +27,28 @@ from safetensors import safe_open
 
 from .model.config import ModelArchConfig
 from .model.llama import LlamaForCausalLM
+from .quantization.gptq import (
+    GPTQConfig,
+    dequantize_gptq,
+    gptq_files,
+    read_gptq_config,
+    split_gptq_checkpoint,
+)
+from .quantization.quant_linear import QuantLinear, fuse
+from .weights_gguf import gguf_path, iter_gguf, open_gguf, read_gguf_config
+
+logger = logging.getLogger(__name__)
 
 #: Tensors some checkpoints carry that the model recomputes itself.
 _IGNORED_SUFFIXES: tuple[str, ...] = ("rotary_emb.inv_freq",)
+
+#: Our fused matmuls -> the Hugging Face projections they hold, in output order.
+_FUSED_PROJECTIONS: dict[str, tuple[str, ...]] = {
+    "qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "o_proj": ("self_attn.o_proj",),
+    "gate_up": ("mlp.gate_proj", "mlp.up_proj"),
+    "down": ("mlp.down_proj",),
+}
 
 
 class WeightLoadError(RuntimeError):
@@ -109,12 +135,88 @@ def _preview(names: list[str], limit: int = 8) -> str:
 
 
 def load_model(
-    model_path: str, dtype: torch.dtype, device: torch.device
+    model_path: str,
+    dtype: torch.dtype,
+    device: torch.device,
+    *,
+    gguf_file: str | None = None,
+    quantize_method: str | None = None,
+    gptq_model_base_name: str | None = None,
+    gptq_config_base_name: str | None = None,
+    gptq_dequantize_at_load: bool = False,
 ) -> tuple[LlamaForCausalLM, ModelArchConfig]:
-    """Build the model from ``config.json`` and fill it from the folder's safetensors.
-    Raises UnsupportedModelError (non-llama architecture) or WeightLoadError."""
-    config = read_arch_config(model_path)
-    model = LlamaForCausalLM(config, dtype=dtype, device=torch.device(device))
-    assign_weights(model, iter_safetensors(model_path))
+    """Build the model and fill it from a Hugging Face folder, a GPTQ folder or a GGUF file.
+
+    ``quantize_method="gptq"`` insists on a GPTQ folder; a folder whose config says GPTQ is
+    loaded as GPTQ either way (the format describes itself, as in transformers). Raises
+    UnsupportedModelError (not a llama), WeightLoadError or GPTQFormatError.
+    """
+    device = torch.device(device)
+    gguf = gguf_path(model_path, gguf_file)
+    if gguf is not None:
+        reader = open_gguf(gguf)
+        config = read_gguf_config(reader)
+        model = LlamaForCausalLM(config, dtype=dtype, device=device)
+        assign_weights(model, iter_gguf(reader, config))
+    else:
+        config = read_arch_config(model_path)
+        model = LlamaForCausalLM(config, dtype=dtype, device=device)
+        gptq = read_gptq_config(model_path, gptq_config_base_name)
+        if quantize_method == "gptq" and gptq is None:
+            raise WeightLoadError(
+                f"quantize_method is gptq but {model_path} has no quantize_config.json "
+                "and no GPTQ quantization_config in config.json"
+            )
+        if gptq is None:
+            assign_weights(model, iter_safetensors(model_path))
+        else:
+            files = gptq_files(model_path, gptq_model_base_name)
+            _load_gptq(model, files, gptq, dequantize_at_load=gptq_dequantize_at_load)
+    model.finalize()
     model.eval()
     return model, config
+
+
+def _load_gptq(
+    model: LlamaForCausalLM, files: list[Path], gptq: GPTQConfig, dequantize_at_load: bool
+) -> None:
+    """Fill the model from a GPTQ checkpoint: a layer's four matmuls as int4 ``QuantLinear``s
+    (unless ``dequantize_at_load``), any other quantised tensor (e.g. a quantised lm_head)
+    dequantised, and everything through ``assign_weights``."""
+    quantized, dense_names = split_gptq_checkpoint(files)
+    logger.info("GPTQ checkpoint: %d quantised layers, %s", len(quantized), gptq)
+    for i, layer in enumerate([] if dequantize_at_load else model.layers):
+        linears = {}
+        for name, projections in _FUSED_PROJECTIONS.items():
+            prefixes = [f"model.layers.{i}.{p}" for p in projections]
+            found = [p for p in prefixes if p in quantized]
+            if found and len(found) != len(prefixes):
+                raise WeightLoadError(f"only some of the fused layers {prefixes} are quantised")
+            if found:
+                parts = [
+                    QuantLinear.from_gptq(quantized.pop(p), gptq, model.dtype, model.device)
+                    for p in prefixes
+                ]
+                linears[name] = fuse(parts)
+        layer.replace_linears(linears)
+    # The rest gets dense weights: the dense matmul path (with CPU prepacking) is the fastest,
+    # at the memory of the compute dtype.
+    assign_weights(model, chain(_dequantized(quantized, gptq), _read_tensors(dense_names)))
+
+
+def _dequantized(
+    quantized: dict[str, dict[str, torch.Tensor]], gptq: GPTQConfig
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named dense weights (and biases) of quantised layers, one layer at a time."""
+    for prefix, parts in quantized.items():
+        yield f"{prefix}.weight", dequantize_gptq(parts, gptq)
+        if "bias" in parts:
+            yield f"{prefix}.bias", parts["bias"]
+
+
+def _read_tensors(names: list[tuple[Path, str]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Read the named tensors lazily, one file open at a time."""
+    for file in dict.fromkeys(f for f, _ in names):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in (n for g, n in names if g == file):
+                yield name, f.get_tensor(name)

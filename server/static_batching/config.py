@@ -11,6 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from server.common.config import ServingConfig
 from utils.config import load_config, resolve_path
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16", "auto"]
@@ -71,19 +72,12 @@ class SBWorkerConfig(_Section):
         return resolve_path(config_file, value)
 
 
-class SBServingConfig(_Section):
-    """HTTP-level defaults the app applies to every request."""
-
-    default_max_new_tokens: int = Field(default=256, ge=1)
-    request_timeout_seconds: float = Field(default=600.0, gt=0.0)
-
-
 class SBServerConfig(_Section):
     """The whole ``sb_server_config.json``."""
 
     batcher_config: SBBatcherConfig
     worker_config: SBWorkerConfig
-    serving_config: SBServingConfig = Field(default_factory=SBServingConfig)
+    serving_config: ServingConfig = Field(default_factory=ServingConfig)
     # Where the config was read from, to resolve relative paths; not part of the JSON.
     _config_file: str = PrivateAttr(default="sb_server_config.json")
 

@@ -16,6 +16,7 @@ from torch import nn
 
 from .attention import AttentionMetadata
 from .config import ModelArchConfig
+from .linear import Linear, LinearLike, can_prepack
 from .paged_attention import PagedAttention
 from .rotary import RotaryTables, apply_rope
 
@@ -26,6 +27,15 @@ __all__ = [
     "kv_bytes_per_block",
     "kv_cache_shape",
 ]
+
+
+#: The four matmuls of a layer -> the (weight, bias) parameters a dense ``Linear`` is built from.
+DENSE_PARAMS: dict[str, tuple[str, str]] = {
+    "qkv": ("qkv_weight", "qkv_bias"),
+    "o_proj": ("o_weight", "o_bias"),
+    "gate_up": ("gate_up_weight", "gate_up_bias"),
+    "down": ("down_weight", "down_bias"),
+}
 
 
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
@@ -66,6 +76,27 @@ class LlamaDecoderLayer(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.inter = inter
+        #: Matmuls installed by ``replace_linears`` (quantised); ``finalize`` keeps them.
+        self.replaced: set[str] = set()
+        self.finalize(is_packed=False)
+
+    def finalize(self, is_packed: bool) -> None:
+        """Build the dense matmul callables from the (loaded) parameters."""
+        for name, (weight, bias) in DENSE_PARAMS.items():
+            if name not in self.replaced:
+                setattr(self, name, Linear(getattr(self, weight), getattr(self, bias), is_packed))
+
+    def replace_linears(self, linears: dict[str, LinearLike]) -> None:
+        """Install other implementations (e.g. GPTQ int4) of some of the four matmuls, keyed
+        as in ``DENSE_PARAMS``, and drop the dense parameters they stand in for: the memory
+        saving of a quantised checkpoint is the point, and the loader then no longer expects
+        those tensors (``hf_weight_targets`` skips absent parameters)."""
+        for name, linear in linears.items():
+            weight, bias = DENSE_PARAMS[name]
+            setattr(self, weight, None)
+            setattr(self, bias, None)
+            setattr(self, name, linear)
+            self.replaced.add(name)
 
     def hf_weight_targets(
         self, c: ModelArchConfig
@@ -103,7 +134,7 @@ class LlamaDecoderLayer(nn.Module):
         t, hidden = x.shape
         qk_heads = self.num_heads + self.num_kv_heads
         h = F.rms_norm(x, (hidden,), self.input_layernorm, self.eps)
-        qkv = F.linear(h, self.qkv_weight, self.qkv_bias)
+        qkv = self.qkv(h)
         # q and k are rotated together: one set of RoPE kernels for both.
         qk = apply_rope(qkv[:, : qk_heads * self.head_dim].view(t, qk_heads, -1), cos, sin)
         v = qkv[:, qk_heads * self.head_dim :].view(t, self.num_kv_heads, -1)
@@ -113,20 +144,11 @@ class LlamaDecoderLayer(nn.Module):
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
         attn = attention(qk[:, : self.num_heads], k_cache, v_cache)
-        x = _linear_residual(x, attn, self.o_weight, self.o_bias)
+        x = self.o_proj.add_to(x, attn)
         h = F.rms_norm(x, (hidden,), self.post_attention_layernorm, self.eps)
-        gate_up = F.linear(h, self.gate_up_weight, self.gate_up_bias)
+        gate_up = self.gate_up(h)
         act = F.silu(gate_up[:, : self.inter]).mul_(gate_up[:, self.inter :])
-        return _linear_residual(x, act, self.down_weight, self.down_bias)
-
-
-def _linear_residual(
-    residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """residual + x @ weight.T (+ bias); without a bias it is a single addmm kernel."""
-    if bias is None:
-        return torch.addmm(residual, x, weight.t())
-    return residual + F.linear(x, weight, bias)
+        return self.down.add_to(x, act)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -147,6 +169,15 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = _param((config.vocab_size, config.hidden_size), dtype, self.device)
         self.rotary = RotaryTables(config, dtype, self.device)
+        self.lm_head_linear = Linear(self.lm_head, None, is_packed=False)
+
+    def finalize(self, prepack: bool | None = None) -> None:
+        """Call once the weights are loaded: prepacks CPU matmul weights when possible
+        (``prepack=None`` decides by device and dtype)."""
+        is_packed = can_prepack(self.device, self.dtype) if prepack is None else prepack
+        for layer in self.layers:
+            layer.finalize(is_packed)
+        self.lm_head_linear = Linear(self.lm_head, None, is_packed)
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """Map each Hugging Face tensor name to (our parameter, first row, end row): fused
@@ -186,4 +217,4 @@ class LlamaForCausalLM(nn.Module):
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab] in float32 for the rows the runner samples from."""
-        return F.linear(hidden_states, self.lm_head).float()
+        return self.lm_head_linear(hidden_states).float()

@@ -1,0 +1,49 @@
+"""The continuous-batching server: our paged-KV-cache engine behind the shared HTTP API.
+
+Gunicorn calls ``build_app(config_path)`` (one worker: one engine per process);
+``python continuous_batching_server_app.py --help`` runs it in the foreground with uvicorn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from server.common.app import create_server_app
+from server.continuous_batching.async_engine import AsyncEngine
+from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.server_config import load_cb_server_config
+from utils.logging import setup_logging
+
+DEFAULT_CONFIG = "configs/cb_server_config.json"
+
+
+def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
+    """Load the config and the model, and return the ASGI app."""
+    setup_logging(os.environ.get("LLM_SUITE_LOG_LEVEL", "INFO"))
+    config = load_cb_server_config(config_path)
+    loading = config.model_loading_config
+    engine = LLMEngine(config.engine_config())
+    model_id = loading.served_model_name or Path(loading.model_name_or_path).name
+    backend = AsyncEngine(engine, model_id)
+    settings = config.serving_config.settings(model_id)
+    return create_server_app(backend, settings, title="Continuous-batching LLM server")
+
+
+def main() -> None:
+    """Run the server in the foreground (for development; use start_app.py to deploy)."""
+    import uvicorn
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--config", default=DEFAULT_CONFIG, help="path of the server config JSON")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8001, help="port to bind (default 8001)")
+    args = parser.parse_args()
+    uvicorn.run(build_app(args.config), host=args.host, port=args.port)
+
+
+if __name__ == "__main__":
+    main()

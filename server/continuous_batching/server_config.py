@@ -1,0 +1,46 @@
+"""The CB server's JSON config (``configs/cb_server_config.json``): the engine's sections plus
+``serving_config``. Relative model paths resolve against the current directory, then the
+config file's folder and the folder above it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from server.common.config import ServingConfig
+from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.weights_gguf import gguf_path
+from utils.config import ConfigError, load_config, resolve_path
+
+
+class CBServerConfig(EngineConfig):
+    """The whole ``cb_server_config.json``."""
+
+    serving_config: ServingConfig = Field(default_factory=ServingConfig)
+
+    def engine_config(self) -> EngineConfig:
+        """The engine's part of the config."""
+        return EngineConfig.model_validate(self.model_dump(exclude={"serving_config"}))
+
+
+def load_cb_server_config(path: str | Path) -> CBServerConfig:
+    """Read, validate and resolve paths; raises ``ConfigError`` naming file, key and problem."""
+    config = load_config(path, CBServerConfig)
+    loading = config.model_loading_config
+    loading.model_name_or_path = resolve_path(path, loading.model_name_or_path)
+    if loading.tokenizer_name_or_path:
+        loading.tokenizer_name_or_path = resolve_path(path, loading.tokenizer_name_or_path)
+    gguf = gguf_path(loading.model_name_or_path, loading.gguf_file)
+    if gguf is not None:
+        if not gguf.is_file():
+            raise ConfigError(f"{path}: model_loading_config: no GGUF file at {gguf}")
+        return config
+    model_dir = Path(loading.model_name_or_path)
+    if not (model_dir / "config.json").is_file():
+        raise ConfigError(
+            f"{path}: model_loading_config.model_name_or_path: no Hugging Face model folder at "
+            f"{model_dir} (config.json missing); run `make model` for the default model"
+        )
+    return config

@@ -1,0 +1,159 @@
+"""Read llama.cpp GGUF files directly: metadata -> ``ModelArchConfig``, tensors -> dequantised
+float32 tensors under Hugging Face names (the ``(hf_name, tensor)`` source ``assign_weights``
+takes).
+
+Two things differ from a Hugging Face checkpoint besides the names:
+
+* llama.cpp's converter permutes the rows of q and k (and their biases) per head, from the
+  Hugging Face "rotate half" RoPE layout to the interleaved-pairs layout its kernels use; we
+  undo that permutation (the same reshape transformers' GGUF loader applies);
+* GGUF stores matrices in GGML order ([in, out] in its shape field), but the ``gguf`` package's
+  ``dequantize`` returns numpy arrays in row-major [out, in], the ``nn.Linear`` layout.
+
+Quantised tensors (Q4_1, Q8_0, K-quants...) are dequantised at load with ``gguf.quants``: the
+model runs in the configured dtype, so a GGUF checkpoint costs as much memory as a dense one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGUFReader
+from gguf.quants import dequantize
+
+from .model.config import ModelArchConfig, UnsupportedModelError
+
+#: GGUF architectures whose tensors map onto our llama module (mistral GGUFs say "llama").
+GGUF_ARCHITECTURES: tuple[str, ...] = ("llama",)
+
+_GLOBAL_NAMES: dict[str, str] = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
+_LAYER_NAMES: dict[str, str] = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | None:
+    """The GGUF file to load, or None for a Hugging Face folder.
+
+    ``gguf_file`` is a file name inside the ``model_path`` folder (transformers' convention) or
+    a path of its own; otherwise ``model_path`` itself is the file when it ends in ``.gguf``.
+    """
+    if gguf_file:
+        path = Path(gguf_file)
+        if not path.is_absolute() and Path(model_path).is_dir():
+            path = Path(model_path) / gguf_file
+        return path
+    if str(model_path).lower().endswith(".gguf"):
+        return Path(model_path)
+    return None
+
+
+def open_gguf(path: str | Path) -> GGUFReader:
+    """Memory-map a GGUF file (tensor data is read when dequantised)."""
+    if not Path(path).is_file():
+        raise FileNotFoundError(f"GGUF file {path} not found")
+    return GGUFReader(str(path))
+
+
+def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
+    """Build the architecture config from the GGUF metadata and tensor list."""
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"unsupported GGUF architecture {arch!r}: supported {list(GGUF_ARCHITECTURES)}"
+        )
+    tensors = {t.name: t for t in reader.tensors}
+    if "rope_freqs.weight" in tensors:
+        # Llama 3.1-style RoPE arrives as a frequency tensor without its parameters.
+        raise UnsupportedModelError("GGUF with a rope_freqs tensor (llama3 RoPE) is not supported")
+
+    def meta(key: str, default: Any = None) -> Any:
+        value = _field(reader, f"{arch}.{key}", default)
+        if value is None:
+            raise UnsupportedModelError(f"GGUF metadata {arch}.{key} is missing")
+        return value
+
+    hidden = int(meta("embedding_length"))
+    heads = int(meta("attention.head_count"))
+    head_dim = int(meta("attention.key_length", hidden // heads))
+    if int(meta("rope.dimension_count", head_dim)) != head_dim:
+        raise UnsupportedModelError("partial rotary embeddings are not supported")
+    rope_type = str(_field(reader, f"{arch}.rope.scaling.type", "none"))
+    rope_scaling: dict[str, Any] | None = None
+    if rope_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+    elif rope_type != "none":
+        raise UnsupportedModelError(f"unsupported GGUF rope scaling {rope_type!r}")
+    return ModelArchConfig(
+        # GGML shapes are [in, out]: the embedding is [hidden, vocab].
+        vocab_size=int(tensors["token_embd.weight"].shape[1]),
+        hidden_size=hidden,
+        intermediate_size=int(meta("feed_forward_length")),
+        num_hidden_layers=int(meta("block_count")),
+        num_attention_heads=heads,
+        num_key_value_heads=int(meta("attention.head_count_kv", heads)),
+        head_dim=head_dim,
+        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        max_position_embeddings=int(meta("context_length", 2048)),
+        tie_word_embeddings="output.weight" not in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors,
+        mlp_bias="blk.0.ffn_up.bias" in tensors,
+        o_proj_bias="blk.0.attn_output.bias" in tensors,
+    )
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """The Hugging Face name of a llama GGUF tensor, or None if it has none."""
+    if gguf_name in _GLOBAL_NAMES:
+        return _GLOBAL_NAMES[gguf_name]
+    parts = gguf_name.split(".")
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+        return None
+    return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+
+
+def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's q/k permutation: per head, its rows were reordered from
+    [first half, second half] to interleaved pairs; ``weight`` is [heads * head_dim, ...]."""
+    half = weight.shape[0] // num_heads // 2
+    rows = weight.reshape(num_heads, half, 2, *weight.shape[1:])
+    return rows.transpose(1, 2).reshape(weight.shape)
+
+
+def iter_gguf(reader: GGUFReader, config: ModelArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (hf_name, float32 tensor) for every tensor, dequantised one at a time.
+    Unknown tensor names are passed through unchanged so ``assign_weights`` reports them."""
+    for tensor in reader.tensors:
+        values = dequantize(tensor.data, tensor.tensor_type)
+        # Quantised tensors come back as fresh arrays; F32 ones as read-only memory maps.
+        array = np.asarray(values, dtype=np.float32)
+        weight = torch.from_numpy(array if array.flags.writeable else array.copy())
+        name = hf_name(tensor.name) or tensor.name
+        if ".attn_q." in tensor.name:
+            weight = unpermute_rope_rows(weight, config.num_attention_heads)
+        elif ".attn_k." in tensor.name:
+            weight = unpermute_rope_rows(weight, config.num_key_value_heads)
+        yield name, weight
