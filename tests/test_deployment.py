@@ -20,13 +20,19 @@ def _free_port() -> int:
 
 
 def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
-    sb_port, gateway_port = _free_port(), _free_port()
+    cb_port, sb_port, gateway_port = _free_port(), _free_port(), _free_port()
     sb_config = json.loads(Path("configs/sb_server_config.json").read_text())
     sb_config["worker_config"]["model_name_or_path"] = str(default_model_path)
     (tmp_path / "sb.json").write_text(json.dumps(sb_config))
-    (tmp_path / "client.json").write_text(
-        json.dumps({"static_batching_server_urls": [f"http://127.0.0.1:{sb_port}"]})
-    )
+    cb_config = json.loads(Path("configs/cb_server_config.json").read_text())
+    cb_config["model_loading_config"]["model_name_or_path"] = str(default_model_path)
+    cb_config["cache_config"]["memory_budget_gb"] = 0.25
+    (tmp_path / "cb.json").write_text(json.dumps(cb_config))
+    client_config = {
+        "continuous_batching_server_urls": [f"http://127.0.0.1:{cb_port}"],
+        "static_batching_server_urls": [f"http://127.0.0.1:{sb_port}"],
+    }
+    (tmp_path / "client.json").write_text(json.dumps(client_config))
     deployment = write_deployment(
         tmp_path / "deployment.json",
         [
@@ -65,6 +71,11 @@ def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
         )
         assert answer.status_code == 200, answer.text
         assert "Paris" in answer.json()["choices"][0]["message"]["content"]
+        # Both servers are up; the gateway sends the model's traffic to the CB server.
+        backends = httpx.get(f"http://127.0.0.1:{gateway_port}/backends", timeout=10).json()
+        assert len(backends["backends"]) == 2, backends
+        cb_metrics = httpx.get(f"http://127.0.0.1:{cb_port}/metrics", timeout=10).text
+        assert 'endpoint="/v1/chat/completions",outcome="200"} 1.0' in cb_metrics
     finally:
         down = run_start_app("down", "--deployment", str(deployment), run_dir=run_dir)
     assert down.returncode == 0, down.stdout + down.stderr
