@@ -37,6 +37,12 @@ def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
         tmp_path / "deployment.json",
         [
             {
+                "name": "cb_server",
+                "app": "cb_server",
+                "config": str(tmp_path / "cb.json"),
+                "port": cb_port,
+            },
+            {
                 "name": "sb_server",
                 "app": "sb_server",
                 "config": str(tmp_path / "sb.json"),
@@ -73,7 +79,7 @@ def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
         assert "Paris" in answer.json()["choices"][0]["message"]["content"]
         # Both servers are up; the gateway sends the model's traffic to the CB server.
         backends = httpx.get(f"http://127.0.0.1:{gateway_port}/backends", timeout=10).json()
-        assert len(backends["backends"]) == 2, backends
+        assert [b["is_healthy"] for b in backends["backends"]] == [True, True], backends
         cb_metrics = httpx.get(f"http://127.0.0.1:{cb_port}/metrics", timeout=10).text
         assert 'endpoint="/v1/chat/completions",outcome="200"} 1.0' in cb_metrics
     finally:
