@@ -133,7 +133,7 @@ class LlamaDecoderLayer(nn.Module):
         """x: residual stream [T, hidden]; returns the updated residual stream."""
         t, hidden = x.shape
         qk_heads = self.num_heads + self.num_kv_heads
-        h = F.rms_norm(x, (hidden,), self.input_layernorm, self.eps)
+        h = self._norm(x, self.input_layernorm)
         qkv = self.qkv(h)
         # q and k are rotated together: one set of RoPE kernels for both.
         qk = apply_rope(qkv[:, : qk_heads * self.head_dim].view(t, qk_heads, -1), cos, sin)
@@ -144,11 +144,25 @@ class LlamaDecoderLayer(nn.Module):
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
         attn = attention(qk[:, : self.num_heads], k_cache, v_cache)
-        x = self.o_proj.add_to(x, attn)
-        h = F.rms_norm(x, (hidden,), self.post_attention_layernorm, self.eps)
+        x = self._add(x, self.o_proj, attn)
+        h = self._norm(x, self.post_attention_layernorm)
         gate_up = self.gate_up(h)
         act = F.silu(gate_up[:, : self.inter]).mul_(gate_up[:, self.inter :])
-        return self.down.add_to(x, act)
+        return self._add(x, self.down, act)
+
+    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """RMSNorm of the residual stream, returned in the compute dtype."""
+        if x.dtype == weight.dtype:
+            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
+        # float32 residual stream of a 16-bit model: normalise in float32 (as HF does).
+        return F.rms_norm(x, (x.shape[-1],), weight.float(), self.eps).to(weight.dtype)
+
+    @staticmethod
+    def _add(residual: torch.Tensor, linear: LinearLike, x: torch.Tensor) -> torch.Tensor:
+        """residual + linear(x); fused into the matmul when the dtypes agree."""
+        if residual.dtype == x.dtype:
+            return linear.add_to(residual, x)
+        return residual.add_(linear(x))
 
 
 class LlamaForCausalLM(nn.Module):
@@ -169,6 +183,7 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.lm_head = _param((config.vocab_size, config.hidden_size), dtype, self.device)
         self.rotary = RotaryTables(config, dtype, self.device)
+        self.residual_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         self.lm_head_linear = Linear(self.lm_head, None, is_packed=False)
 
     def finalize(self, prepack: bool | None = None) -> None:
@@ -177,7 +192,10 @@ class LlamaForCausalLM(nn.Module):
         is_packed = can_prepack(self.device, self.dtype) if prepack is None else prepack
         for layer in self.layers:
             layer.finalize(is_packed)
-        self.lm_head_linear = Linear(self.lm_head, None, is_packed)
+        # Logits in float32 for 16-bit models: bfloat16 rounds logits near 25 to steps of
+        # 0.125, which turns close candidates into exact ties and flips greedy choices.
+        lm_head = self.lm_head.float() if self.residual_dtype != self.dtype else self.lm_head
+        self.lm_head_linear = Linear(lm_head, None, is_packed)
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """Map each Hugging Face tensor name to (our parameter, first row, end row): fused
@@ -209,12 +227,16 @@ class LlamaForCausalLM(nn.Module):
         attention = PagedAttention(
             attn, c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.dtype
         )
-        x = F.embedding(input_ids, self.embed_tokens)
+        # 16-bit models keep the residual stream in float32: each layer adds its output to
+        # it without rounding, which keeps bfloat16 logits about twice as close to float32.
+        x = F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, attn.slot_mapping, attention)
-        return F.rms_norm(x, (c.hidden_size,), self.norm, c.rms_norm_eps)
+        if x.dtype == self.norm.dtype:
+            return F.rms_norm(x, (c.hidden_size,), self.norm, c.rms_norm_eps)
+        return F.rms_norm(x, (c.hidden_size,), self.norm.float(), c.rms_norm_eps).to(self.dtype)
 
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """Logits [n, vocab] in float32 for the rows the runner samples from."""
-        return self.lm_head_linear(hidden_states).float()
+        return self.lm_head_linear(hidden_states.to(self.residual_dtype)).float()
