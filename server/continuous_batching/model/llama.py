@@ -81,10 +81,20 @@ class LlamaDecoderLayer(nn.Module):
         self.finalize(is_packed=False)
 
     def finalize(self, is_packed: bool) -> None:
-        """Build the dense matmul callables from the (loaded) parameters."""
+        """Build the dense matmul callables from the (loaded) parameters.
+
+        Prepacking is final: the plain weights are released (the packed copy replaces them),
+        so the model holds each matrix once.
+        """
         for name, (weight, bias) in DENSE_PARAMS.items():
-            if name not in self.replaced:
-                setattr(self, name, Linear(getattr(self, weight), getattr(self, bias), is_packed))
+            if name in self.replaced:
+                continue
+            param = getattr(self, weight)
+            if param is None or param.numel() == 0:
+                raise RuntimeError("finalize() after prepacking: the plain weights are gone")
+            setattr(self, name, Linear(param, getattr(self, bias), is_packed))
+            if is_packed:
+                param.data = param.data.new_empty(0)
 
     def replace_linears(self, linears: dict[str, LinearLike]) -> None:
         """Install other implementations (e.g. GPTQ int4) of some of the four matmuls, keyed
