@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -24,6 +25,8 @@ from benchmarks.workloads import (  # noqa: E402
     chat_messages,
     mixed_new_tokens,
 )
+from server.continuous_batching import model_runner  # noqa: E402
+from server.continuous_batching.model import attention  # noqa: E402
 
 REQUIRED_KEYS = {
     "workload",
@@ -65,7 +68,12 @@ def test_throughput_smoke(default_model_path: Path, tmp_path: Path) -> None:
     json_path, plot_path = tmp_path / "result.json", tmp_path / "result.png"
     argv = ["--workload", "mixed", "--dtype", "float32", "--num-prompts", "3"]
     argv += ["--max-new-tokens", "4", "--model", str(default_model_path)]
-    throughput.main([*argv, "--json", str(json_path), "--plot", str(plot_path)])
+    argv += ["--num-threads", "1"]  # one thread: no OpenMP barrier stalls when cores are shared
+    threads = torch.get_num_threads()
+    try:
+        throughput.main([*argv, "--json", str(json_path), "--plot", str(plot_path)])
+    finally:
+        torch.set_num_threads(threads)  # main() sets the process-wide thread count
     result = json.loads(json_path.read_text())
     assert REQUIRED_KEYS <= result.keys()
     assert result["num_requests"] == 3 and result["num_output_tokens"] == 12
@@ -74,3 +82,11 @@ def test_throughput_smoke(default_model_path: Path, tmp_path: Path) -> None:
     assert result["transformers_padding_waste"] == 0.0
     assert result["ratio"] > 0
     assert plot_path.stat().st_size > 0
+    assert set(result["engine_profile"]["time_split_seconds"]) == {
+        "schedule",
+        "execute",
+        "decode",
+        "other",
+    }
+    # The profiler's wrappers are gone once the run is over.
+    assert model_runner.build_attention_metadata is attention.build_attention_metadata

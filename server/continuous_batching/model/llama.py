@@ -38,6 +38,10 @@ DENSE_PARAMS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Per row, the 16-bit logits of this many best candidates are recomputed in float32.
+NUM_REFINED_LOGITS = 8
+
+
 def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
     """Uninitialised inference-only parameter (the loader fills it)."""
     return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
@@ -202,10 +206,7 @@ class LlamaForCausalLM(nn.Module):
         is_packed = can_prepack(self.device, self.dtype) if prepack is None else prepack
         for layer in self.layers:
             layer.finalize(is_packed)
-        # Logits in float32 for 16-bit models: bfloat16 rounds logits near 25 to steps of
-        # 0.125, which turns close candidates into exact ties and flips greedy choices.
-        lm_head = self.lm_head.float() if self.residual_dtype != self.dtype else self.lm_head
-        self.lm_head_linear = Linear(lm_head, None, is_packed)
+        self.lm_head_linear = Linear(self.lm_head, None, is_packed)
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """Map each Hugging Face tensor name to (our parameter, first row, end row): fused
@@ -244,9 +245,23 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, cos, sin, kv_cache, attn.slot_mapping, attention)
         if x.dtype == self.norm.dtype:
             return F.rms_norm(x, (c.hidden_size,), self.norm, c.rms_norm_eps)
-        return F.rms_norm(x, (c.hidden_size,), self.norm.float(), c.rms_norm_eps).to(self.dtype)
+        # Kept in float32: compute_logits refines the best candidates from it.
+        return F.rms_norm(x, (c.hidden_size,), self.norm.float(), c.rms_norm_eps)
 
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Logits [n, vocab] in float32 for the rows the runner samples from."""
-        return self.lm_head_linear(hidden_states.to(self.residual_dtype)).float()
+        """Logits [n, vocab] in float32 for the rows the runner samples from.
+
+        16-bit models compute them with the fast 16-bit matmul, then recompute the best
+        ``NUM_REFINED_LOGITS`` candidates of each row exactly in float32: bfloat16 rounds
+        logits near 25 to steps of 0.125, which turns close candidates into exact ties and
+        flips greedy choices, while a float32 lm_head would read 4x the bytes every step.
+        """
+        logits = self.lm_head_linear(hidden_states.to(self.dtype)).float()
+        if self.residual_dtype == self.dtype or logits.shape[0] == 0:
+            return logits
+        k = min(NUM_REFINED_LOGITS, logits.shape[1])
+        top = logits.topk(k, dim=-1).indices  # [n, k]
+        rows = self.lm_head.index_select(0, top.flatten()).view(*top.shape, -1).float()
+        exact = torch.bmm(rows, hidden_states.float().unsqueeze(-1)).squeeze(-1)
+        return logits.scatter_(1, top, exact)

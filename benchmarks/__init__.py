@@ -1,0 +1,61 @@
+"""Benchmarks of the suite (offline throughput, serving) and their shared helpers.
+
+The machine's cores are shared with other work, so a benchmark first waits for a quiet machine,
+records the load it ran under and how many cores its timed sections really got.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+from collections.abc import Callable
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+def load_average() -> list[float]:
+    """The 1-, 5- and 15-minute load averages, rounded."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+def wait_for_quiet_machine(max_load: float | None, timeout: float = 600.0) -> float:
+    """Sleep (60 s at a time) until the 1-minute load average is below ``max_load``, at most
+    ``timeout`` seconds; ``None`` does not wait. Returns the seconds waited."""
+    start = time.monotonic()
+    while max_load is not None and os.getloadavg()[0] >= max_load:
+        if time.monotonic() - start > timeout:
+            print(f"load still {load_average()} after {timeout:.0f} s; running anyway", flush=True)
+            break
+        print(f"load average {load_average()} >= {max_load}; waiting 60 s", flush=True)
+        time.sleep(60)
+    return round(time.monotonic() - start, 1)
+
+
+def timed(fn: Callable[[], T]) -> tuple[T, float, float]:
+    """``fn()``, its wall seconds, and the cores it kept busy (process CPU time / wall time:
+    close to the thread count on a quiet machine, lower when other work competes)."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = fn()
+    seconds = time.perf_counter() - wall
+    return result, seconds, round((time.process_time() - cpu) / seconds, 2)
+
+
+def run_environment() -> dict[str, Any]:
+    """Library versions, the load average now and a UTC timestamp, for a result file."""
+    return {
+        "torch_version": version("torch"),
+        "transformers_version": version("transformers"),
+        "load_average_at_end": load_average(),
+        "timestamp": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    """Write ``result`` as indented JSON, creating the folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
