@@ -123,7 +123,8 @@ async def send_request(
                     last, chunks = now, chunks + 1
     # ValueError: bad JSON or bytes; AttributeError: an event that is not an object.
     except (httpx.HTTPError, TimeoutError, ValueError, AttributeError) as exc:
-        result.error = f"{type(exc).__name__}: {exc}"[:200]
+        why = f"no answer within {timeout:g} s" if isinstance(exc, TimeoutError) else str(exc)
+        result.error = f"{type(exc).__name__}: {why}"[:200]
         return result
     result.e2e = time.perf_counter() - start
     # Several tokens may share a chunk (detokenizers hold back partial characters), so the
@@ -198,7 +199,7 @@ async def amain(argv: Sequence[str] | None = None) -> dict[str, Any]:
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     result = {"label": args.label, "model": model, "config": config | {"rate": str(args.rate)}}
     result |= {"load_average_at_start": load_at_start, "waited_for_load_seconds": waited}
-    result |= {"client_cpu_cores": client_cores}
+    result |= {"client_cpu_cores": client_cores, "last_arrival_s": round(arrivals[-1], 3)}
     result |= summarize(results, duration) | run_environment()
     print_table(result)
     if args.json:
@@ -246,7 +247,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, name in zip(axes, ("ttft", "tpot"), strict=True):
-        values = sorted(r[name] * 1000 for r in result["requests"] if r[name] is not None)
+        done = [r for r in result["requests"] if r["error"] is None and r[name] is not None]
+        values = sorted(r[name] * 1000 for r in done)
         if values:
             ax.step(values, np.arange(1, len(values) + 1) / len(values), where="post")
         for q in ("p50", "p99"):

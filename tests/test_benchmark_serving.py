@@ -29,6 +29,8 @@ TOP_KEYS = {
     "config",
     "load_average_at_start",
     "load_average_at_end",
+    "client_cpu_cores",
+    "last_arrival_s",
     "duration_s",
     "completed",
     "failed",

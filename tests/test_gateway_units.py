@@ -35,7 +35,7 @@ def _backend(url: str, model: str = "m", kind: str = "static_batching", **load: 
 def test_shipped_config_loads() -> None:
     config = load_config(REPO_ROOT / "configs" / "client_config.json", ClientConfig)
     assert config.static_batching_server_urls == ["http://127.0.0.1:8002"]
-    assert config.continuous_batching_server_urls == []
+    assert config.continuous_batching_server_urls == ["http://127.0.0.1:8001"]
     assert config.openai_jumper_configs == []
     assert config.heart_beat_interval_seconds == 10
 
