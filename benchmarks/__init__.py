@@ -59,3 +59,13 @@ def write_json(result: dict[str, Any], path: Path) -> None:
     """Write ``result`` as indented JSON, creating the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """Write a matplotlib figure (creating the folder) and release it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

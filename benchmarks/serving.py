@@ -37,7 +37,12 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
     sys.path.insert(0, str(REPO_ROOT))
 
-from benchmarks import load_average, run_environment, wait_for_quiet_machine  # noqa: E402
+from benchmarks import (  # noqa: E402
+    load_average,
+    run_environment,
+    save_figure,
+    wait_for_quiet_machine,
+)
 from benchmarks.workloads import Messages, chat_messages  # noqa: E402
 from utils.sse import DONE, iter_sse_data  # noqa: E402
 
@@ -259,10 +264,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.grid(alpha=0.3)
     title = f"{result['label'] or result['model']}: {result['config']['rate']} req/s, "
     fig.suptitle(title + f"{result['completed']}/{result['config']['num_requests']} completed")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

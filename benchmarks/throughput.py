@@ -36,6 +36,7 @@ import transformers  # noqa: E402
 from benchmarks import (  # noqa: E402
     load_average,
     run_environment,
+    save_figure,
     timed,
     wait_for_quiet_machine,
     write_json,
@@ -288,10 +289,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     right.barh(list(split), list(split.values()), color="tab:blue")
     right.set_xlabel("seconds")
     right.set_title("engine time split")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:

@@ -81,9 +81,3 @@ class GenerationBackend(abc.ABC):
     def counters(self) -> dict[str, float]:
         """Monotonic engine counters for ``/metrics`` (name -> value); none by default."""
         return {}
-
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """Token ids that end a sequence (from the tokenizer and generation config)."""
-        eos = getattr(self.tokenizer, "eos_token_id", None)
-        return [eos] if isinstance(eos, int) else list(eos or [])

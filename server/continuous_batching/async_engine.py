@@ -38,11 +38,6 @@ class AsyncEngine(GenerationBackend):
         self._thread: threading.Thread | None = None
         self._is_stopping = False
 
-    @property
-    def eos_token_ids(self) -> list[int]:
-        """EOS ids the engine stops on."""
-        return list(self.engine.eos_token_ids)
-
     async def start(self) -> None:
         """Start the engine thread (inside the running event loop)."""
         self._loop = asyncio.get_running_loop()
