@@ -3,7 +3,12 @@
 Native API (``POST /generate``) and OpenAI-compatible API (``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/models``), streaming or not. Requests are validated here (a
 bad body gets a 400 naming the field without bothering a server), then the caller's original
-JSON is forwarded to the least loaded healthy server that serves the requested model.
+JSON is forwarded to a healthy server that serves the requested model, chosen by the
+configured balancing policy, with failover to other servers and, when no local server can
+take it, to the OpenAI jumpers. ``X-LLM-Route: local|openai|auto`` restricts where a request
+may go. With ``api_keys`` in the config, callers must send ``Authorization: Bearer <key>``
+(``/health`` and ``/metrics`` stay open for probes and scrapers). The config file is watched
+and re-read on change (and on SIGHUP when run directly), without dropping requests.
 
 Run: ``python client_app.py --config configs/client_config.json --port 8000``; gunicorn calls
 ``build_app(config_path)``.
@@ -12,22 +17,27 @@ Run: ``python client_app.py --config configs/client_config.json --port 8000``; g
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
 import logging
+import signal
 import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import TypeVar
+from typing import TypeVar, get_args
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
+from client.auth import check_caller
 from client.config import ClientConfig
 from client.gateway import BackendTable, Gateway, GatewayHealth
-from client.policies import RequestInfo
+from client.policies import RequestInfo, affinity_key_of
 from client.proxy import FORWARDED_REQUEST_HEADERS, ForwardRequest
+from client.registry import Route
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
 from utils.config import ConfigError, load_config
@@ -39,11 +49,35 @@ DEFAULT_CONFIG_PATH = "configs/client_config.json"
 
 RequestT = TypeVar("RequestT", GenerateRequest, CompletionRequest, ChatCompletionRequest)
 
-routes = APIRouter()
+#: Header with which a caller restricts where its request may go.
+ROUTE_HEADER = "x-llm-route"
+#: Header naming a conversation, for session affinity.
+SESSION_HEADER = "x-session-id"
 
 
 def _gateway(request: Request) -> Gateway:
     return request.app.state.gateway
+
+
+async def require_caller_key(request: Request) -> None:
+    """401 unless the caller sent one of the configured API keys (when any are configured)."""
+    check_caller(request.headers.get("authorization"), _gateway(request).config.api_keys)
+
+
+#: Routes that need the caller's key (when keys are configured).
+routes = APIRouter(dependencies=[Depends(require_caller_key)])
+#: Routes open to everyone: liveness probes and metrics scrapers carry no key.
+open_routes = APIRouter()
+
+
+def _route_of(request: Request) -> Route:
+    value = request.headers.get(ROUTE_HEADER, "auto").strip().lower()
+    allowed = get_args(Route)
+    if value not in allowed:
+        raise APIError(
+            400, f"header X-LLM-Route must be one of {', '.join(allowed)} (got {value[:40]!r})"
+        )
+    return value  # type: ignore[return-value]
 
 
 async def _read_body(request: Request, max_bytes: int) -> bytes:
@@ -88,16 +122,31 @@ async def _forward(request: Request, endpoint: str, schema: type[RequestT]) -> R
     received_at = time.monotonic()
     gateway = _gateway(request)
     try:
+        route = _route_of(request)
         body = await _read_body(request, gateway.config.max_request_bytes)
         parsed = _validate(body, schema)
     except APIError:
-        gateway.metrics.observe(None, endpoint, "rejected", time.monotonic() - received_at)
+        gateway.metrics.observe_attempt(None, endpoint, "rejected", received_at)
+        gateway.metrics.observe_request(endpoint, "rejected", received_at)
         raise
     headers = {
         name: request.headers[name] for name in FORWARDED_REQUEST_HEADERS if name in request.headers
     }
+    affinity_key = affinity_key_of(
+        request.headers.get(SESSION_HEADER),
+        getattr(parsed, "user", None),
+        getattr(parsed, "prompt", None),
+        getattr(parsed, "messages", None),
+    )
+    info = RequestInfo(
+        endpoint=endpoint,
+        model=parsed.model or None,
+        is_stream=parsed.stream,
+        route=route,
+        affinity_key=affinity_key,
+    )
     forward_request = ForwardRequest(
-        info=RequestInfo(endpoint=endpoint, model=parsed.model or None, is_stream=parsed.stream),
+        info=info,
         path=endpoint,
         body=body,
         headers=headers,
@@ -132,7 +181,7 @@ async def list_models(request: Request) -> ModelList:
     return await _gateway(request).model_list()
 
 
-@routes.get("/health", response_model=GatewayHealth)
+@open_routes.get("/health", response_model=GatewayHealth)
 async def health(request: Request) -> GatewayHealth:
     """The gateway's liveness and the health of every backend."""
     return _gateway(request).health()
@@ -144,7 +193,7 @@ async def backends(request: Request) -> BackendTable:
     return _gateway(request).backend_table()
 
 
-@routes.get("/metrics")
+@open_routes.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
     content, content_type = _gateway(request).metrics.render()
@@ -157,11 +206,12 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     # httpx logs every request at INFO: one line per forwarded request and per health check.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     config = load_config(config_path, ClientConfig)
-    gateway = Gateway(config)
+    gateway = Gateway(config, config_path)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await gateway.start()
+        _install_sighup_reload(gateway)
         try:
             yield
         finally:
@@ -171,7 +221,24 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     app.state.gateway = gateway
     install_error_handlers(app)
     app.include_router(routes)
+    app.include_router(open_routes)
     return app
+
+
+def _install_sighup_reload(gateway: Gateway) -> None:
+    """SIGHUP re-reads the config (standalone runs; under gunicorn the master owns SIGHUP and
+    restarts its workers gracefully, which re-reads the config too)."""
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[bool]] = set()
+
+    def on_sighup() -> None:
+        task = loop.create_task(gateway.reload())
+        tasks.add(task)  # keep a reference until done
+        task.add_done_callback(tasks.discard)
+
+    # Only possible in the main thread (not where tests run the app in a thread).
+    with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+        loop.add_signal_handler(signal.SIGHUP, on_sighup)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python client_app.py",
         description="LLM gateway: routes native and OpenAI-compatible requests to the model "
-        "servers listed in the config, by model, balancing by least outstanding work.",
+        "servers listed in the config, by model, with health checks, a balancing policy, "
+        "failover and fallback to OpenAI-compatible upstreams. The config is re-read when the "
+        "file changes or on SIGHUP.",
     )
     parser.add_argument(
         "--config", default=DEFAULT_CONFIG_PATH, help="gateway JSON config (default: %(default)s)"

@@ -11,6 +11,7 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from client.circuit_breaker import BreakerState, CircuitBreaker
 from protocol.health import HealthResponse, LoadReport
 from protocol.openai_api import ModelList
 
@@ -18,8 +19,8 @@ logger = logging.getLogger(__name__)
 
 BackendKind = Literal["continuous_batching", "static_batching", "openai"]
 
-#: Lower is preferred: a model served by a CB server is never sent to an SB server, and the
-#: OpenAI jumpers (a later issue) are the fallback when no local server can take a request.
+#: Lower is preferred: a request goes to an SB server only when no CB server serving its model
+#: can take it, and to an OpenAI jumper only when no local server can.
 KIND_PRIORITY: dict[BackendKind, int] = {
     "continuous_batching": 0,
     "static_batching": 1,
@@ -33,15 +34,20 @@ _SERVING_STATES = ("ok", "degraded")
 class BackendStatus(BaseModel):
     """One row of ``GET /backends`` (and of the gateway's ``GET /health``)."""
 
+    name: str
     url: str
     kind: BackendKind
     is_healthy: bool
+    circuit: BreakerState
+    seconds_until_retry: float
     reported_status: str | None
     model_ids: list[str]
     max_model_len: int | None
     load: LoadReport
     num_in_flight: int
     num_consecutive_failures: int
+    num_requests: int
+    num_failures: int
     last_error: str | None
     seconds_since_check: float | None
 
@@ -52,10 +58,15 @@ class Backend:
 
     Health, served models and load come from the server's ``GET /health`` (and ``/v1/models``);
     ``num_in_flight`` is the gateway's own count of requests it has sent there and not finished.
+    ``num_consecutive_failures`` counts failed heartbeats; after ``num_failures_to_mark_down``
+    of them the server is down (a refused connection on a real request marks it down at once).
+    The :class:`CircuitBreaker` counts failed requests.
     """
 
     url: str
     kind: BackendKind
+    num_failures_to_mark_down: int = 1
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     model_ids: list[str] = field(default_factory=list)
     is_healthy: bool = False
     reported_status: str | None = None
@@ -65,6 +76,30 @@ class Backend:
     num_consecutive_failures: int = 0
     last_error: str | None = None
     last_checked_at: float | None = None
+    num_requests: int = 0
+    num_failures: int = 0
+
+    @property
+    def name(self) -> str:
+        """The label of this backend in logs, metrics and the status table."""
+        return self.url
+
+    @property
+    def is_local(self) -> bool:
+        """True for our own model servers (False for OpenAI-compatible upstreams)."""
+        return self.kind != "openai"
+
+    def is_routable(self, now: float | None = None) -> bool:
+        """True when new requests may go here: healthy and the circuit lets traffic through."""
+        return self.is_healthy and self.breaker.allows_request(now)
+
+    def supports(self, path: str) -> bool:
+        """True when this backend speaks the API path (our servers speak all of ours)."""
+        return True
+
+    def upstream_model(self, model: str | None) -> str | None:
+        """The model id to send upstream for the gateway's ``model`` (same id here)."""
+        return model
 
     @property
     def priority(self) -> int:
@@ -85,17 +120,50 @@ class Backend:
         return self.url + path
 
     def request_headers(self) -> dict[str, str]:
-        """Headers added to every forwarded request (jumpers will add their API key here)."""
+        """Headers added to every forwarded request (jumpers add their API key here)."""
         return {}
+
+    def on_request_sent(self) -> None:
+        """Hook for subclasses: a request was just sent here (jumpers note the time)."""
 
     def mark_unreachable(self, error: str) -> None:
         """Take the backend out of rotation until a health check finds it up again."""
+        self.num_consecutive_failures = max(
+            self.num_consecutive_failures + 1, self.num_failures_to_mark_down
+        )
+        self._set_down(error)
+
+    def record_failed_heartbeat(self, error: str) -> None:
+        """A health check failed; the server is down after enough of them in a row."""
+        self.num_consecutive_failures += 1
+        if self.num_consecutive_failures >= self.num_failures_to_mark_down:
+            self._set_down(error)
+        else:
+            self.last_error = error
+            self.last_checked_at = time.monotonic()
+
+    def _set_down(self, error: str) -> None:
         if self.is_healthy:
-            logger.warning("backend %s is now unhealthy: %s", self.url, error)
+            logger.warning("backend %s is now unhealthy: %s", self.name, error)
         self.is_healthy = False
         self.last_error = error
-        self.num_consecutive_failures += 1
         self.last_checked_at = time.monotonic()
+
+    def record_result(self, is_failure: bool) -> None:
+        """Feed one finished request into the circuit breaker."""
+        self.num_requests += 1
+        if not is_failure:
+            self.breaker.record_success()
+            return
+        self.num_failures += 1
+        if self.breaker.record_failure():
+            logger.warning(
+                "backend %s: circuit opened after %d failed requests in a row; no traffic for "
+                "%.1f s",
+                self.name,
+                self.breaker.num_consecutive_failures,
+                self.breaker.seconds_until_retry(),
+            )
 
     def apply_health(self, health: HealthResponse, listed_model_ids: list[str]) -> None:
         """Record a successful health report (and the ids the server lists on /v1/models)."""
@@ -138,7 +206,7 @@ class Backend:
         if isinstance(health, BaseException):
             if not isinstance(health, _ProbeError):
                 raise health
-            self.mark_unreachable(str(health))
+            self.record_failed_heartbeat(str(health))
             return
         if isinstance(listed_model_ids, BaseException):
             raise listed_model_ids
@@ -172,15 +240,20 @@ class Backend:
         """A JSON-ready snapshot of this backend."""
         age = None if self.last_checked_at is None else time.monotonic() - self.last_checked_at
         return BackendStatus(
+            name=self.name,
             url=self.url,
             kind=self.kind,
             is_healthy=self.is_healthy,
+            circuit=self.breaker.state(),
+            seconds_until_retry=round(self.breaker.seconds_until_retry(), 3),
             reported_status=self.reported_status,
             model_ids=list(self.model_ids),
             max_model_len=self.max_model_len,
             load=self.load,
             num_in_flight=self.num_in_flight,
             num_consecutive_failures=self.num_consecutive_failures,
+            num_requests=self.num_requests,
+            num_failures=self.num_failures,
             last_error=self.last_error,
             seconds_since_check=None if age is None else round(age, 3),
         )
@@ -201,9 +274,19 @@ class InFlightLease:
         self.backend = backend
         self.is_released = False
         backend.num_in_flight += 1
+        backend.breaker.on_request_sent()
+        backend.on_request_sent()
 
-    def release(self) -> None:
-        """Give the claim back; later calls do nothing."""
-        if not self.is_released:
-            self.is_released = True
-            self.backend.num_in_flight -= 1
+    def release(self, is_failure: bool | None = None) -> None:
+        """Give the claim back, with the verdict for the circuit breaker (None: no verdict).
+
+        Later calls do nothing.
+        """
+        if self.is_released:
+            return
+        self.is_released = True
+        self.backend.num_in_flight -= 1
+        if is_failure is None:
+            self.backend.breaker.release_trial()
+        else:
+            self.backend.record_result(is_failure)

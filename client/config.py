@@ -13,9 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-#: Balancing policies the config may name (see ``client.policies``). Later issues add
-#: "round_robin", "power_of_two" and "affinity" here and in ``client.policies.POLICIES``.
-PolicyName = Literal["least_outstanding"]
+#: Balancing policies the config may name (one class each in ``client.policies``).
+PolicyName = Literal["least_outstanding", "round_robin", "power_of_two", "affinity"]
 
 # Template values such as the seed's "YOUR_OPENAI_KEY" must never be sent as a key.
 _PLACEHOLDER_KEY = re.compile(
@@ -86,7 +85,40 @@ class ClientConfig(BaseModel):
     static_batching_server_urls: list[str] = Field(default_factory=list)
     openai_jumper_configs: list[OpenAIJumperConfig] = Field(default_factory=list)
     heart_beat_interval_seconds: float = Field(default=10.0, gt=0)
+    num_failures_to_mark_down: int = Field(
+        default=2, ge=1, description="consecutive failed heartbeats before a server is down"
+    )
     balancing_policy: PolicyName = "least_outstanding"
+    affinity_max_imbalance: int = Field(
+        default=8,
+        ge=0,
+        description="affinity: leave the preferred server when it has this many more "
+        "outstanding requests than the least loaded one",
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="servers tried per request before the caller gets an error"
+    )
+    retry_backoff_seconds: float = Field(
+        default=0.05, ge=0, description="base of the jittered exponential backoff between tries"
+    )
+    circuit_breaker_failures: int = Field(
+        default=3, ge=1, description="consecutive request failures that open a server's circuit"
+    )
+    circuit_breaker_cooldown_seconds: float = Field(
+        default=15.0, gt=0, description="how long an open circuit keeps traffic away"
+    )
+    jumper_cooldown_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="rest for an upstream key after a 429/5xx without Retry-After",
+    )
+    api_keys: list[SecretStr] = Field(
+        default_factory=list,
+        description="when non-empty, callers must send 'Authorization: Bearer <one of these>'",
+    )
+    config_watch_interval_seconds: float = Field(
+        default=2.0, ge=0, description="how often the config file is checked for changes (0: off)"
+    )
     request_timeout_seconds: float = Field(
         default=600.0, gt=0, description="read timeout: longest silence from a server"
     )
@@ -111,6 +143,15 @@ class ClientConfig(BaseModel):
                 f"{sorted(both)} listed as both a continuous- and a static-batching server"
             )
         return self
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, value: list[SecretStr]) -> list[SecretStr]:
+        for key in value:
+            if is_placeholder_key(key.get_secret_value()):
+                # Never echo the value: it may be a real key that merely looks odd.
+                raise ValueError("an entry of api_keys is empty or a template placeholder")
+        return value
 
     @property
     def enabled_jumpers(self) -> list[OpenAIJumperConfig]:

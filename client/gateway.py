@@ -4,12 +4,14 @@ together by the app's lifespan."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import httpx
 from pydantic import BaseModel
 
 from client.backends import BackendStatus
 from client.config import ClientConfig
+from client.config_watch import ConfigWatcher
 from client.metrics import GatewayMetrics
 from client.policies import make_policy
 from client.proxy import Proxy
@@ -41,14 +43,21 @@ class GatewayHealth(HealthResponse):
 
 
 class Gateway:
-    """Owns the gateway's parts; :meth:`start` and :meth:`stop` run in the app lifespan."""
+    """Owns the gateway's parts; :meth:`start` and :meth:`stop` run in the app lifespan.
 
-    def __init__(self, config: ClientConfig) -> None:
+    ``config_path`` enables config reload: the file is watched, and :meth:`reload` re-reads it
+    (the app calls it on SIGHUP when it runs on its own).
+    """
+
+    def __init__(self, config: ClientConfig, config_path: str | Path | None = None) -> None:
         self.config = config
         self.registry = BackendRegistry.from_config(config)
-        self.router = Router(self.registry, make_policy(config.balancing_policy))
+        self.router = Router(self.registry, make_policy(config))
         self.metrics = GatewayMetrics(self.registry)
-        self._client: httpx.AsyncClient | None = None
+        self._watcher = (
+            ConfigWatcher(config_path, config, self.apply_config) if config_path else None
+        )
+        self._clients: list[httpx.AsyncClient] = []
         self._proxy: Proxy | None = None
 
     @property
@@ -59,53 +68,83 @@ class Gateway:
         return self._proxy
 
     async def start(self) -> None:
-        """Open the shared upstream client, check the backends, start the heartbeat."""
-        config = self.config
-        timeout = httpx.Timeout(
-            connect=config.connect_timeout_seconds,
-            # The read timeout bounds the silence between two chunks, so a long stream that
-            # keeps producing is never cut, while a stuck server is.
-            read=config.request_timeout_seconds,
-            write=config.request_timeout_seconds,
-            pool=config.connect_timeout_seconds,
-        )
+        """Open the upstream clients, check the backends, start the heartbeat and the watch."""
         limits = httpx.Limits(
             max_connections=MAX_UPSTREAM_CONNECTIONS,
             max_keepalive_connections=MAX_KEEPALIVE_CONNECTIONS,
         )
-        # trust_env=False: the model servers are on the local network; an HTTP(S)_PROXY meant
-        # for the outside world must not capture these calls.
-        self._client = httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False)
-        self._proxy = Proxy(self._client, self.router, self.metrics)
-        self._log_jumpers()
-        await self.registry.start(self._client)
+        # Timeouts are set per request from the current config (they may be reloaded).
+        # trust_env=False for our servers: they are on the local network, and an
+        # HTTP(S)_PROXY meant for the outside world must not capture these calls. The jumpers
+        # are the outside world, so their client honours it.
+        local_client = httpx.AsyncClient(limits=limits, trust_env=False)
+        upstream_client = httpx.AsyncClient(limits=limits, trust_env=True)
+        self._clients = [local_client, upstream_client]
+        self._proxy = Proxy(local_client, upstream_client, self.router, self.metrics, self.config)
+        self._log_jumpers(self.config)
+        await self.registry.start(local_client)
+        if self._watcher is not None:
+            self._watcher.start()
         healthy = self.registry.healthy()
         logger.info(
             "gateway started: %d backend(s), %d healthy, models %s, policy %s",
             len(self.registry.backends),
             len(healthy),
             self.registry.model_ids(),
-            config.balancing_policy,
+            self.config.balancing_policy,
         )
 
     async def stop(self) -> None:
-        """Stop the heartbeat and close the upstream client."""
+        """Stop the watch and the heartbeat, close the upstream clients."""
+        if self._watcher is not None:
+            await self._watcher.stop()
         await self.registry.stop()
-        if self._client is not None:
-            await self._client.aclose()
-        self._client = None
+        for client in self._clients:
+            await client.aclose()
+        self._clients = []
         self._proxy = None
 
-    def _log_jumpers(self) -> None:
-        jumpers = self.config.openai_jumper_configs
+    async def reload(self) -> bool:
+        """Re-read the config file now; True when a changed, valid config was applied."""
+        if self._watcher is None:
+            return False
+        return await self._watcher.reload()
+
+    async def apply_config(self, config: ClientConfig) -> None:
+        """Switch to ``config`` without dropping requests in flight.
+
+        Backends that stay keep their state; new ones are checked at once; removed ones get no
+        new requests, while those in flight there finish.
+        """
+        if config.balancing_policy != self.config.balancing_policy or (
+            config.affinity_max_imbalance != self.config.affinity_max_imbalance
+        ):
+            self.router.policy = make_policy(config)
+        new_backends = self.registry.apply_config(config)
+        self.config = config
+        if self._proxy is not None:
+            self._proxy.config = config
+            await self.registry.probe(new_backends)
+        self._log_jumpers(config)
+        logger.info(
+            "config applied: %d backend(s) (%d new), %d healthy, policy %s",
+            len(self.registry.backends),
+            len(new_backends),
+            len(self.registry.healthy()),
+            config.balancing_policy,
+        )
+
+    @staticmethod
+    def _log_jumpers(config: ClientConfig) -> None:
+        jumpers = config.openai_jumper_configs
         if not jumpers:
             return
-        num_enabled = len(self.config.enabled_jumpers)
+        num_enabled = len(config.enabled_jumpers)
         # Never log the entries themselves: they hold API keys.
         logger.info(
-            "%d OpenAI jumper(s) configured, %d with a placeholder key (disabled); routing to "
-            "OpenAI-compatible upstreams is not part of this version",
+            "%d OpenAI jumper key(s) configured, %d usable (%d with a placeholder key, disabled)",
             len(jumpers),
+            num_enabled,
             len(jumpers) - num_enabled,
         )
 
@@ -124,12 +163,21 @@ class Gateway:
         )
 
     async def model_list(self) -> ModelList:
-        """The models of the healthy backends, each once (refreshing first if none is up)."""
-        if not self.registry.healthy():
+        """The models of the healthy backends and jumpers, each once (refreshing first if no
+        local server is up)."""
+        if not any(backend.is_local for backend in self.registry.healthy()):
             await self.registry.refresh_if_stale()
         return ModelList(
             data=[
-                ModelCard(id=model, max_model_len=self.registry.max_model_len(model))
+                ModelCard(
+                    id=model,
+                    max_model_len=self.registry.max_model_len(model),
+                    owned_by=self._owner(model),
+                )
                 for model in self.registry.model_ids()
             ]
         )
+
+    def _owner(self, model: str) -> str:
+        is_local = any(b.is_local and b.serves(model) for b in self.registry.healthy())
+        return "llm-serving-suite" if is_local else "openai-jumper"

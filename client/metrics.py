@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,6 +19,9 @@ from prometheus_client.registry import Collector
 from client.backends import Backend
 from client.registry import BackendRegistry
 
+if TYPE_CHECKING:
+    from client.proxy import ForwardRequest
+
 #: How a request ended, as seen by the gateway.
 Outcome = Literal[
     "ok",  # upstream answered 2xx (for streams: the stream ended normally)
@@ -28,7 +32,13 @@ Outcome = Literal[
     "upstream_broken",  # the connection broke mid-answer
     "cancelled",  # the caller went away before the answer ended
     "rejected",  # refused by the gateway itself (bad body, unknown model, no server)
+    "failed_over",  # every backend tried failed; the caller got the last failure
 ]
+
+#: Why an attempt was retried on another backend.
+RetryReason = Literal["unreachable", "upstream_broken", "overloaded", "server_error", "key_refused"]
+#: Why a request went to an OpenAI jumper although its route was "auto".
+FallbackReason = Literal["no_local_server", "local_failed"]
 
 #: Label value for requests that never reached a backend.
 NO_BACKEND = "none"
@@ -52,7 +62,12 @@ class _BackendCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         labels = ["backend", "kind"]
         healthy = GaugeMetricFamily(
-            "gateway_backend_healthy", "1 when the backend takes requests", labels=labels
+            "gateway_backend_healthy", "1 when the backend passes its heartbeats", labels=labels
+        )
+        circuit_open = GaugeMetricFamily(
+            "gateway_backend_circuit_open",
+            "1 while the backend's circuit breaker (or a jumper key's rest) keeps traffic away",
+            labels=labels,
         )
         in_flight = GaugeMetricFamily(
             "gateway_backend_in_flight",
@@ -70,23 +85,36 @@ class _BackendCollector(Collector):
             labels=labels,
         )
         for backend in self._registry.backends:
-            values = [backend.url, backend.kind]
+            values = [backend.name, backend.kind]
             healthy.add_metric(values, 1.0 if backend.is_healthy else 0.0)
+            circuit_open.add_metric(values, 1.0 if backend.breaker.state() == "open" else 0.0)
             in_flight.add_metric(values, backend.num_in_flight)
             waiting.add_metric(values, backend.load.num_waiting)
             running.add_metric(values, backend.load.num_running)
-        yield from (healthy, in_flight, waiting, running)
+        yield from (healthy, circuit_open, in_flight, waiting, running)
 
 
 class GatewayMetrics:
-    """Request counts and durations by backend, endpoint and outcome, plus backend gauges."""
+    """Attempts by backend, requests by outcome, retries, fallbacks, plus backend gauges.
+
+    A caller's request may take several attempts (failover): ``gateway_requests_total`` counts
+    attempts per backend (``backend="none"`` for requests refused before any attempt),
+    ``gateway_request_duration_seconds`` times whole requests as the caller saw them.
+    """
 
     def __init__(self, registry: BackendRegistry) -> None:
         self.collector_registry = CollectorRegistry()
         self._requests = Counter(
             "gateway_requests",
-            "Requests handled by the gateway, by backend, endpoint and outcome",
+            "Attempts sent to backends (or refused by the gateway), by endpoint and outcome",
             ["backend", "endpoint", "outcome"],
+            registry=self.collector_registry,
+        )
+        self._backend_latency = Histogram(
+            "gateway_backend_latency_seconds",
+            "Time from receiving a request to the end of one backend's answer",
+            ["backend"],
+            buckets=_DURATION_BUCKETS,
             registry=self.collector_registry,
         )
         self._duration = Histogram(
@@ -96,20 +124,52 @@ class GatewayMetrics:
             buckets=_DURATION_BUCKETS,
             registry=self.collector_registry,
         )
+        self._retries = Counter(
+            "gateway_retries",
+            "Attempts that failed before any byte reached the caller and were tried elsewhere",
+            ["backend", "reason"],
+            registry=self.collector_registry,
+        )
+        self._fallbacks = Counter(
+            "gateway_fallbacks",
+            "Requests sent to an OpenAI jumper because no local server could take them",
+            ["reason"],
+            registry=self.collector_registry,
+        )
         self.collector_registry.register(_BackendCollector(registry))
 
-    def observe(
+    def observe_attempt(
         self,
         backend: Backend | None,
         endpoint: str,
         outcome: Outcome,
-        duration_seconds: float,
+        request: ForwardRequest | float,
     ) -> None:
-        """Count one finished request."""
-        backend_label = backend.url if backend is not None else NO_BACKEND
+        """Count one attempt (``request`` or its receive time gives the latency)."""
+        backend_label = backend.name if backend is not None else NO_BACKEND
         self._requests.labels(backend_label, endpoint, outcome).inc()
-        self._duration.labels(endpoint, outcome).observe(duration_seconds)
+        if backend is not None:
+            self._backend_latency.labels(backend_label).observe(_elapsed(request))
+
+    def observe_request(
+        self, endpoint: str, outcome: Outcome, request: ForwardRequest | float
+    ) -> None:
+        """Time one caller request from its receipt to the end of its answer."""
+        self._duration.labels(endpoint, outcome).observe(_elapsed(request))
+
+    def count_retry(self, backend: Backend, reason: RetryReason) -> None:
+        """An attempt on ``backend`` failed in a way another backend may not."""
+        self._retries.labels(backend.name, reason).inc()
+
+    def count_fallback(self, reason: FallbackReason) -> None:
+        """A request goes to an OpenAI jumper."""
+        self._fallbacks.labels(reason).inc()
 
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""
         return generate_latest(self.collector_registry), CONTENT_TYPE_LATEST
+
+
+def _elapsed(request: ForwardRequest | float) -> float:
+    received_at = request if isinstance(request, float) else request.received_at
+    return time.monotonic() - received_at

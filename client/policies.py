@@ -8,20 +8,28 @@ Every policy implements :class:`BalancingPolicy`; the config names one through
 from __future__ import annotations
 
 import abc
+import hashlib
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from client.backends import Backend
+from client.config import ClientConfig
+from client.registry import Route
 
 
 @dataclass(frozen=True)
 class RequestInfo:
-    """What a policy may know about a request when choosing (more fields come with affinity)."""
+    """What routing may know about a request when choosing a backend."""
 
     endpoint: str
     model: str | None
     is_stream: bool = False
+    #: Where the request may go (``X-LLM-Route``).
+    route: Route = "auto"
+    #: Requests with the same key belong to one conversation (see ``affinity_key_of``).
+    affinity_key: str | None = None
 
 
 class BalancingPolicy(abc.ABC):
@@ -68,14 +76,132 @@ class LeastOutstandingWork(BalancingPolicy):
         return chosen
 
 
+class RoundRobin(BalancingPolicy):
+    """Candidates take turns, whatever their load (predictable; good for identical servers)."""
+
+    name: ClassVar[str] = "round_robin"
+
+    def __init__(self) -> None:
+        self._num_choices = 0
+
+    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+        """The next candidate in turn (the candidate list keeps config order)."""
+        if not candidates:
+            raise ValueError("choose() needs at least one candidate")
+        chosen = candidates[self._num_choices % len(candidates)]
+        self._num_choices += 1
+        return chosen
+
+
+class PowerOfTwoChoices(BalancingPolicy):
+    """Pick two candidates at random and send the request to the less loaded one.
+
+    Nearly as good as least-outstanding-work when load reports are fresh, and much better
+    when they are stale: several gateway workers acting on the same old report do not all
+    pile onto the one server that looked idle.
+    """
+
+    name: ClassVar[str] = "power_of_two"
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._rng = rng or random.Random()
+
+    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+        """The less loaded of two random candidates (the first of them on a tie)."""
+        if not candidates:
+            raise ValueError("choose() needs at least one candidate")
+        if len(candidates) == 1:
+            return candidates[0]
+        first, second = self._rng.sample(list(candidates), 2)
+        score = LeastOutstandingWork.score
+        return second if score(second) < score(first) else first
+
+
+class SessionAffinity(BalancingPolicy):
+    """The same conversation goes to the same server while it is healthy (prefix-cache reuse).
+
+    Rendezvous hashing: each candidate gets a score hash(key, server) and the highest wins, so
+    a key keeps its server while the candidate set changes elsewhere, and only the keys of a
+    server that leaves move. Bounded load: when the preferred server has more than
+    ``max_imbalance`` outstanding requests above the least loaded candidate, the next server in
+    the key's ranking takes the request (a hot conversation must not swamp one server).
+    Requests without a key are balanced by least outstanding work.
+    """
+
+    name: ClassVar[str] = "affinity"
+
+    def __init__(self, max_imbalance: int = 8) -> None:
+        self.max_imbalance = max_imbalance
+        self._fallback = LeastOutstandingWork()
+
+    @staticmethod
+    def rank(key: str, candidates: Sequence[Backend]) -> list[Backend]:
+        """Candidates in the key's order of preference."""
+
+        def weight(backend: Backend) -> bytes:
+            return hashlib.blake2b(f"{key}\0{backend.name}".encode(), digest_size=8).digest()
+
+        return sorted(candidates, key=weight, reverse=True)
+
+    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+        """The key's preferred candidate unless it is overloaded compared to the others."""
+        if not candidates:
+            raise ValueError("choose() needs at least one candidate")
+        key = request_info.affinity_key
+        if key is None:
+            return self._fallback.choose(candidates, request_info)
+        score = LeastOutstandingWork.score
+        limit = min(score(backend) for backend in candidates) + self.max_imbalance
+        return next(b for b in self.rank(key, candidates) if score(b) <= limit)
+
+
+#: Characters of a prompt that identify its conversation for affinity: long enough to tell
+#: conversations apart, short enough that a growing prompt (the same chat, one more turn)
+#: keeps its key.
+AFFINITY_PREFIX_CHARS = 256
+
+
+def affinity_key_of(
+    session_header: str | None,
+    user: str | None,
+    prompt: object | None,
+    messages: list[object] | None,
+) -> str | None:
+    """The conversation key of a request, best evidence first.
+
+    An explicit ``X-Session-ID`` header, then the OpenAI ``user`` field, then the start of the
+    conversation: its messages up to the first user message (system prompt and opening
+    question stay the same as the chat grows, so every turn lands where the earlier turns left
+    their KV cache), or the first characters of a plain prompt.
+    """
+    if session_header:
+        return "session:" + session_header
+    if user:
+        return "user:" + user
+    if messages:
+        opening: list[object] = []
+        for message in messages:
+            opening.append(message.model_dump() if hasattr(message, "model_dump") else message)
+            if getattr(message, "role", None) == "user":
+                break
+        return "chat:" + repr(opening)[: 4 * AFFINITY_PREFIX_CHARS]
+    if isinstance(prompt, str) and prompt:
+        return "prompt:" + prompt[:AFFINITY_PREFIX_CHARS]
+    return None
+
+
 #: Policy classes by config name.
 POLICIES: dict[str, type[BalancingPolicy]] = {
-    LeastOutstandingWork.name: LeastOutstandingWork,
+    policy.name: policy
+    for policy in (LeastOutstandingWork, RoundRobin, PowerOfTwoChoices, SessionAffinity)
 }
 
 
-def make_policy(name: str) -> BalancingPolicy:
-    """A fresh policy instance for the config name ``name``."""
+def make_policy(config: ClientConfig) -> BalancingPolicy:
+    """A fresh instance of the policy the config names."""
+    name = config.balancing_policy
+    if name == SessionAffinity.name:
+        return SessionAffinity(config.affinity_max_imbalance)
     try:
         policy_class = POLICIES[name]
     except KeyError:

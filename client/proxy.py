@@ -1,40 +1,55 @@
-"""Forwarding requests to the chosen backend: JSON answers as is, streams chunk by chunk.
+"""Forwarding requests to backends, with failover: JSON answers as is, streams chunk by chunk.
 
 One shared ``httpx.AsyncClient`` carries every upstream call (connection reuse, one pool).
-Each forwarded request holds an :class:`InFlightLease` on its backend from the balancing
-decision until the answer has been fully relayed, or the caller went away.
+Each attempt holds an :class:`InFlightLease` on its backend from the balancing decision until
+the answer has been fully relayed, or the caller went away; the lease's verdict feeds the
+backend's circuit breaker.
+
+Failover rule: an attempt that fails before any byte reached the caller (refused connection,
+server died mid-request, 429/503 overload, 500/502, a jumper key refused or rate-limited) is
+retried on another backend, after a jittered exponential backoff, up to ``max_attempts`` local
+servers and then up to ``max_attempts`` jumper keys. Streams are primed (the first chunk is
+read before the caller gets the status line), so a server that dies before its first chunk
+costs nothing. After the first byte was relayed nothing is retried: the caller gets an error
+event in the stream. Timeouts are never retried (the same request would likely time out
+again, doubling the wait).
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import logging
+import random
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import anyio
 import httpx
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 
 from client.backends import Backend, InFlightLease
+from client.config import ClientConfig
+from client.jumpers import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
 from client.policies import RequestInfo
-from client.routing import RETRY_AFTER_SECONDS, Router
-from utils.errors import APIError, overloaded
-from utils.sse import SSE_HEADERS, encode_event
+from client.routing import Router
+from client.stream_relay import StreamRelay, returned_headers
+from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
 
-#: Attempts per request. A connect failure means the request never reached the server, so
-#: the failover issue can raise this to retry on another backend (the loop already excludes
-#: backends tried before).
-MAX_ATTEMPTS = 1
-
 #: Caller headers worth passing on (request correlation); credentials are never forwarded.
 FORWARDED_REQUEST_HEADERS = ("x-request-id", "traceparent")
-#: Upstream headers passed back to the caller.
-RETURNED_RESPONSE_HEADERS = ("retry-after", "x-request-id")
+#: Upstream statuses that mean "this backend cannot take it now, another may".
+OVERLOAD_STATUSES = (429, 503)
+#: Upstream statuses that count against the backend's circuit and are retried elsewhere.
+FAILURE_STATUSES = (500, 502)
+#: Upstream statuses that mean a jumper's key is not accepted.
+REFUSED_KEY_STATUSES = (401, 403)
+#: Longest single backoff between two attempts.
+MAX_BACKOFF_SECONDS = 1.0
 
 
 @dataclass
@@ -48,179 +63,290 @@ class ForwardRequest:
     received_at: float = field(default_factory=time.monotonic)
 
 
-class _Unreachable(Exception):
-    """The backend could not be connected to: the request never reached it."""
+class _Retryable(Exception):
+    """This attempt failed before any byte reached the caller; another backend may succeed.
 
-    def __init__(self, api_error: APIError) -> None:
-        super().__init__(api_error.message)
-        self.api_error = api_error
+    ``response`` is what the caller gets if no other attempt is possible.
+    """
+
+    def __init__(self, reason: str, response: Response) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.response = response
 
 
 class Proxy:
-    """Selects a backend with the router and forwards the request there."""
+    """Selects backends with the router and forwards the request, failing over when allowed."""
 
     def __init__(
         self,
-        client: httpx.AsyncClient,
+        local_client: httpx.AsyncClient,
+        upstream_client: httpx.AsyncClient,
         router: Router,
         metrics: GatewayMetrics,
-        max_attempts: int = MAX_ATTEMPTS,
+        config: ClientConfig,
+        rng: random.Random | None = None,
     ) -> None:
-        self.client = client
+        self.local_client = local_client
+        self.upstream_client = upstream_client
         self.router = router
         self.metrics = metrics
-        self.max_attempts = max_attempts
+        #: Replaced on config reload; read at every request.
+        self.config = config
+        self._rng = rng or random.Random()
 
     async def forward(self, request: ForwardRequest) -> Response:
-        """The upstream answer for ``request``; raises :class:`APIError` when there is none."""
+        """The answer for ``request``; raises :class:`APIError` when no backend could be tried."""
         tried: list[Backend] = []
-        error: APIError | None = None
-        for _ in range(self.max_attempts):
+        last_failure: _Retryable | None = None
+        max_attempts = self.config.max_attempts
+        for attempt in range(2 * max_attempts):  # local tier budget + jumper tier budget
+            exclude = self._excluded(tried)
             try:
-                backend = await self.router.select(request.info, exclude=tried)
+                backend = await self.router.select(request.info, exclude=exclude)
             except APIError as exc:
-                error = error or exc  # after a failed attempt, report that failure
-                break
-            # No await between the choice and the lease: the next request sees this one.
+                if last_failure is not None:  # report what went wrong, not "nothing left"
+                    break
+                self.metrics.observe_request(request.info.endpoint, "rejected", request)
+                self.metrics.observe_attempt(None, request.info.endpoint, "rejected", request)
+                raise exc from None
+            if not backend.is_local and request.info.route == "auto":
+                self.metrics.count_fallback("local_failed" if tried else "no_local_server")
+            if attempt > 0:
+                await asyncio.sleep(self._backoff(attempt))
+            # No await between the lease and the send: the next request sees this choice.
             lease = InFlightLease(backend)
             tried.append(backend)
             try:
-                return await self._forward_to(backend, lease, request)
-            except _Unreachable as exc:
-                error = exc.api_error
-        assert error is not None
-        if not tried:
-            self._observe(None, request, "rejected")
-        raise error
+                return await self._attempt(backend, lease, request)
+            except _Retryable as failure:
+                self.metrics.count_retry(backend, failure.reason)
+                last_failure = failure
+        assert last_failure is not None
+        self.metrics.observe_request(request.info.endpoint, "failed_over", request)
+        return last_failure.response
 
-    async def _forward_to(
+    def _excluded(self, tried: list[Backend]) -> set[Backend]:
+        """Backends this request may not use: tried ones, and a group whose budget is spent
+        (``max_attempts`` local servers, then ``max_attempts`` jumper keys)."""
+        max_attempts = self.config.max_attempts
+        num_local = sum(backend.is_local for backend in tried)
+        is_spent = {True: num_local >= max_attempts, False: len(tried) - num_local >= max_attempts}
+        exclude = set(tried)
+        exclude.update(b for b in self.router.registry.backends if is_spent[b.is_local])
+        return exclude
+
+    def _backoff(self, attempt: int) -> float:
+        """Full jitter: uniform in [0, base * 2**(attempt-1)], capped."""
+        ceiling = min(self.config.retry_backoff_seconds * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS)
+        return self._rng.uniform(0, ceiling)
+
+    # -- one attempt -----------------------------------------------------------------------
+
+    async def _attempt(
         self, backend: Backend, lease: InFlightLease, request: ForwardRequest
     ) -> Response:
-        headers = {"content-type": "application/json", **request.headers}
-        headers.update(backend.request_headers())
-        upstream_request = self.client.build_request(
-            "POST", backend.url_for(request.path), content=request.body, headers=headers
-        )
+        """Send ``request`` to ``backend``; raises :class:`_Retryable` if another may try."""
         try:
-            response = await self.client.send(upstream_request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            lease.release()
-            backend.mark_unreachable(f"{type(exc).__name__}: {exc}")
-            self._observe(backend, request, "unreachable")
-            logger.warning("cannot reach %s for %s: %r", backend.url, request.path, exc)
-            message = "the model server chosen for this request is unreachable"
-            raise _Unreachable(overloaded(message, RETRY_AFTER_SECONDS)) from None
-        except httpx.HTTPError as exc:
-            lease.release()
-            raise self._failed(backend, request, exc) from None
-        except BaseException:  # cancelled: the caller went away
+            response = await self._send(backend, request)
+        except _Retryable:
+            lease.release(is_failure=True)
+            raise
+        except BaseException:
             lease.release()
             self._observe(backend, request, "cancelled")
             raise
-        if request.info.is_stream and response.status_code < 400:
-            return _StreamRelay(
-                response, on_close=lambda outcome: self._finish(backend, lease, request, outcome)
+        try:
+            if response.status_code >= 400:
+                return await self._error_answer(backend, lease, request, response)
+            if request.info.is_stream:
+                return await self._stream_answer(backend, lease, request, response)
+            return await self._json_answer(backend, lease, request, response)
+        except BaseException:
+            # Whatever path failed, it has released the lease; make sure the connection goes
+            # (shielded: this also runs when the caller's task is being cancelled).
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+            raise
+
+    async def _send(self, backend: Backend, request: ForwardRequest) -> httpx.Response:
+        headers = {"content-type": "application/json", **request.headers}
+        headers.update(backend.request_headers())
+        client = self.local_client if backend.is_local else self.upstream_client
+        upstream_request = client.build_request(
+            "POST",
+            backend.url_for(request.path),
+            content=self._body_for(backend, request),
+            headers=headers,
+            timeout=self._timeout(),
+        )
+        try:
+            return await client.send(upstream_request, stream=True)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            if isinstance(backend, OpenAIJumper):
+                backend.rest(self.config.jumper_cooldown_seconds)
+            else:
+                backend.mark_unreachable(f"{type(exc).__name__}: {exc}")
+            self._observe(backend, request, "unreachable")
+            logger.warning("cannot reach %s for %s: %r", backend.name, request.path, exc)
+            error = APIError(
+                503,
+                "the model server chosen for this request is unreachable",
+                headers={"Retry-After": "1"},
             )
+            raise _Retryable("unreachable", error.to_json_response()) from None
+        except httpx.HTTPError as exc:
+            raise self._transport_failure(backend, request, exc) from None
+
+    def _body_for(self, backend: Backend, request: ForwardRequest) -> bytes:
+        """The body as sent to ``backend``: unchanged unless the upstream names the model
+        differently (``model_map`` of a jumper)."""
+        model = request.info.model
+        upstream_model = backend.upstream_model(model)
+        if upstream_model == model:
+            return request.body
+        data = json.loads(request.body)
+        data["model"] = upstream_model
+        return json.dumps(data).encode()
+
+    def _timeout(self) -> httpx.Timeout:
+        config = self.config
+        # The read timeout bounds the silence between two chunks, so a long stream that keeps
+        # producing is never cut, while a stuck server is.
+        return httpx.Timeout(
+            connect=config.connect_timeout_seconds,
+            read=config.request_timeout_seconds,
+            write=config.request_timeout_seconds,
+            pool=config.connect_timeout_seconds,
+        )
+
+    def _transport_failure(
+        self, backend: Backend, request: ForwardRequest, exc: httpx.HTTPError
+    ) -> Exception:
+        """The exception for a connection that broke or went silent before any byte was relayed.
+
+        Timeouts end the request (504); a broken connection (the server died) is retryable.
+        """
+        logger.warning("request %s to %s failed: %r", request.path, backend.name, exc)
+        if isinstance(exc, httpx.TimeoutException):
+            self._observe(backend, request, "timeout")
+            return APIError(504, "the model server did not answer in time")
+        self._observe(backend, request, "upstream_broken")
+        error = APIError(502, f"the model server's answer broke off ({type(exc).__name__})")
+        return _Retryable("upstream_broken", error.to_json_response())
+
+    async def _error_answer(
+        self,
+        backend: Backend,
+        lease: InFlightLease,
+        request: ForwardRequest,
+        response: httpx.Response,
+    ) -> Response:
+        """An upstream 4xx/5xx: passed back, or retried elsewhere when another may succeed."""
+        status = response.status_code
+        try:
+            body = await response.aread()
+        except httpx.HTTPError:
+            body = b""
+        finally:
+            await response.aclose()
+        self._observe(backend, request, outcome_of_status(status))
+        if isinstance(backend, OpenAIJumper):
+            body = backend.scrub(body.decode("utf-8", "replace")).encode()
+        answer = Response(
+            body,
+            status_code=status,
+            headers=returned_headers(response),
+            media_type=response.headers.get("content-type", "application/json"),
+        )
+        if isinstance(backend, OpenAIJumper) and status in REFUSED_KEY_STATUSES:
+            lease.release()
+            backend.rest(REFUSED_KEY_COOLDOWN_SECONDS)
+            logger.error(
+                "upstream %s refused the gateway's key (HTTP %d); the key rests %.0f s",
+                backend.name,
+                status,
+                REFUSED_KEY_COOLDOWN_SECONDS,
+            )
+            # The caller's own credentials are fine: this is the gateway's problem.
+            error = APIError(502, f"the upstream refused the gateway's credentials (HTTP {status})")
+            raise _Retryable("key_refused", error.to_json_response())
+        if status in OVERLOAD_STATUSES:
+            lease.release()
+            if isinstance(backend, OpenAIJumper):
+                backend.rest(_retry_after(response) or self.config.jumper_cooldown_seconds)
+            raise _Retryable("overloaded", answer)
+        if status in FAILURE_STATUSES:
+            lease.release(is_failure=True)
+            raise _Retryable("server_error", answer)
+        lease.release(is_failure=False)  # a 4xx is the request's fault, not the server's
+        self.metrics.observe_request(request.info.endpoint, outcome_of_status(status), request)
+        return answer
+
+    async def _json_answer(
+        self,
+        backend: Backend,
+        lease: InFlightLease,
+        request: ForwardRequest,
+        response: httpx.Response,
+    ) -> Response:
         try:
             body = await response.aread()
         except httpx.HTTPError as exc:
-            raise self._failed(backend, request, exc) from None
+            lease.release(is_failure=True)
+            raise self._transport_failure(backend, request, exc) from None
         except BaseException:
+            lease.release()
             self._observe(backend, request, "cancelled")
             raise
         finally:
             # Closing before the answer is complete drops the connection: the server aborts.
             await response.aclose()
-            lease.release()
-        self._observe(backend, request, outcome_of_status(response.status_code))
+        lease.release(is_failure=False)
+        self._observe(backend, request, "ok")
+        self.metrics.observe_request(request.info.endpoint, "ok", request)
         return Response(
             body,
             status_code=response.status_code,
-            headers=_returned_headers(response),
+            headers=returned_headers(response),
             media_type=response.headers.get("content-type", "application/json"),
         )
 
-    def _failed(self, backend: Backend, request: ForwardRequest, exc: httpx.HTTPError) -> APIError:
-        """Count a request whose upstream timed out or broke and build the caller's error."""
-        logger.warning("request %s to %s failed: %r", request.path, backend.url, exc)
-        if isinstance(exc, httpx.TimeoutException):
-            self._observe(backend, request, "timeout")
-            return APIError(504, "the model server did not answer in time")
-        self._observe(backend, request, "upstream_broken")
-        return APIError(502, f"the model server's answer broke off ({type(exc).__name__})")
-
-    def _finish(
-        self, backend: Backend, lease: InFlightLease, request: ForwardRequest, outcome: Outcome
-    ) -> None:
-        lease.release()
-        self._observe(backend, request, outcome)
-
-    def _observe(self, backend: Backend | None, request: ForwardRequest, outcome: Outcome) -> None:
-        duration = time.monotonic() - request.received_at
-        self.metrics.observe(backend, request.info.endpoint, outcome, duration)
-
-
-def _returned_headers(response: httpx.Response) -> dict[str, str]:
-    return {
-        name: response.headers[name]
-        for name in RETURNED_RESPONSE_HEADERS
-        if name in response.headers
-    }
-
-
-class _StreamRelay(StreamingResponse):
-    """Relays an upstream Server-Sent-Events answer chunk by chunk as the chunks arrive.
-
-    When the caller disconnects, Starlette stops the relay; closing the upstream response
-    then drops the upstream connection, which is how the server learns to abort the request.
-    Cleanup runs exactly once, whether the stream ended, broke or was abandoned.
-    """
-
-    def __init__(self, upstream: httpx.Response, on_close: Callable[[Outcome], None]) -> None:
-        self._upstream = upstream
-        self._on_close = on_close
-        self._outcome: Outcome = "cancelled"
-        self._is_closed = False
-        self._relay_iterator = self._relay()
-        super().__init__(
-            self._relay_iterator,
-            status_code=upstream.status_code,
-            headers={**SSE_HEADERS, **_returned_headers(upstream)},
-            media_type=upstream.headers.get("content-type", "text/event-stream"),
-        )
-
-    async def _relay(self) -> AsyncGenerator[bytes, None]:
+    async def _stream_answer(
+        self,
+        backend: Backend,
+        lease: InFlightLease,
+        request: ForwardRequest,
+        response: httpx.Response,
+    ) -> Response:
+        """Prime the stream (read its first chunk), then relay the rest as it comes."""
+        chunks: AsyncIterator[bytes] = response.aiter_bytes()
         try:
-            async for chunk in self._upstream.aiter_bytes():
-                yield chunk
+            first_chunk = await anext(chunks, b"")
         except httpx.HTTPError as exc:
-            # The status line is gone already: tell the caller in-band, in the error shape
-            # (the openai SDK raises on an event carrying "error").
-            is_timeout = isinstance(exc, httpx.TimeoutException)
-            self._outcome = "timeout" if is_timeout else "upstream_broken"
-            logger.warning("stream from %s broke off: %r", self._upstream.url, exc)
-            error = (
-                APIError(504, "the model server stopped sending in time")
-                if is_timeout
-                else APIError(502, f"the model server's stream broke off ({type(exc).__name__})")
-            )
-            yield encode_event(error.to_response().model_dump())
-            return
-        self._outcome = outcome_of_status(self._upstream.status_code)
+            lease.release(is_failure=True)
+            raise self._transport_failure(backend, request, exc) from None
+        except BaseException:
+            lease.release()
+            self._observe(backend, request, "cancelled")
+            raise
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._close()
+        def on_close(outcome: Outcome) -> None:
+            is_failure = None if outcome == "cancelled" else outcome != "ok"
+            lease.release(is_failure=is_failure)
+            self._observe(backend, request, outcome)
+            self.metrics.observe_request(request.info.endpoint, outcome, request)
 
-    async def _close(self) -> None:
-        if self._is_closed:
-            return
-        self._is_closed = True
-        self._on_close(self._outcome)
-        # Shielded: this also runs when the request task is being cancelled, and an unclosed
-        # upstream response would keep the server generating for nobody.
-        with anyio.CancelScope(shield=True):
-            await self._relay_iterator.aclose()
-            await self._upstream.aclose()
+        return StreamRelay(response, first_chunk, chunks, on_close)
+
+    def _observe(self, backend: Backend, request: ForwardRequest, outcome: Outcome) -> None:
+        self.metrics.observe_attempt(backend, request.info.endpoint, outcome, request)
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    """The upstream's Retry-After in seconds, when it gave a number."""
+    value = response.headers.get("retry-after", "")
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        return None

@@ -7,13 +7,19 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection
+from typing import Literal
 
 import httpx
 
 from client.backends import Backend, BackendKind
 from client.config import ClientConfig
+from client.jumpers import OpenAIJumper, make_jumpers
 
 logger = logging.getLogger(__name__)
+
+#: Where a request may go: ``auto`` (local servers, then the jumpers as a fallback), ``local``
+#: (never upstream) or ``openai`` (the jumpers only). Callers choose with ``X-LLM-Route``.
+Route = Literal["auto", "local", "openai"]
 
 #: A request that finds no candidate triggers a refresh, but at most this often: a burst of
 #: requests for a dead server then costs one round of health checks, not one per request.
@@ -47,16 +53,47 @@ class BackendRegistry:
 
     @classmethod
     def from_config(cls, config: ClientConfig) -> BackendRegistry:
-        """One backend per configured server URL (CB servers first)."""
-        urls: list[tuple[str, BackendKind]] = [
+        """One backend per configured server URL (CB servers first), then one per jumper key."""
+        registry = cls([])
+        registry.apply_config(config)
+        return registry
+
+    def apply_config(self, config: ClientConfig) -> list[Backend]:
+        """Make the backend list match ``config``; returns the backends that are new.
+
+        Backends that stay keep their state (health, load, circuit, key rest); removed ones
+        simply leave the list, so requests in flight there finish normally (they hold their
+        own reference). Settings such as thresholds apply to every backend at once.
+        """
+        self.health_timeout_seconds = config.health_timeout_seconds
+        self.heartbeat_interval_seconds = config.heart_beat_interval_seconds
+        wanted: list[tuple[str, BackendKind]] = [
             (url, "continuous_batching") for url in config.continuous_batching_server_urls
         ]
-        urls += [(url, "static_batching") for url in config.static_batching_server_urls]
-        return cls(
-            [Backend(url=url, kind=kind) for url, kind in urls],
-            health_timeout_seconds=config.health_timeout_seconds,
-            heartbeat_interval_seconds=config.heart_beat_interval_seconds,
-        )
+        wanted += [(url, "static_batching") for url in config.static_batching_server_urls]
+        old_local = {(b.url, b.kind): b for b in self.backends if b.is_local}
+        old_jumpers = {b.identity: b for b in self.backends if isinstance(b, OpenAIJumper)}
+        backends: list[Backend] = [
+            old_local.get(key) or Backend(url=key[0], kind=key[1]) for key in wanted
+        ]
+        for jumper in make_jumpers(config.openai_jumper_configs):
+            kept = old_jumpers.get(jumper.identity)
+            if kept is not None:  # same key: keep its rest and usage, take the new settings
+                kept.config, kept.index = jumper.config, jumper.index
+                kept.model_ids = jumper.model_ids
+                jumper = kept
+            backends.append(jumper)
+        for backend in backends:
+            backend.num_failures_to_mark_down = config.num_failures_to_mark_down
+            backend.breaker.failure_threshold = config.circuit_breaker_failures
+            backend.breaker.cooldown_seconds = config.circuit_breaker_cooldown_seconds
+        kept_ids = {id(b) for b in self.backends}
+        new = [b for b in backends if id(b) not in kept_ids]
+        removed = [b for b in self.backends if b not in backends]
+        for backend in removed:
+            logger.info("backend %s removed (requests in flight there finish)", backend.name)
+        self.backends = backends
+        return new
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -110,26 +147,51 @@ class BackendRegistry:
         await asyncio.gather(*(backend.probe(client, timeout) for backend in self.backends))
         self._last_refresh_at = time.monotonic()
 
+    async def probe(self, backends: list[Backend]) -> None:
+        """Check some backends now (e.g. the ones a config reload added)."""
+        if self._client is not None and backends:
+            client, timeout = self._client, self.health_timeout_seconds
+            await asyncio.gather(*(backend.probe(client, timeout) for backend in backends))
+
     # -- lookup ----------------------------------------------------------------------------
 
     def get(self, url: str) -> Backend | None:
         """The backend with this URL, if configured."""
         return next((backend for backend in self.backends if backend.url == url), None)
 
+    def local(self) -> list[Backend]:
+        """Our own model servers."""
+        return [backend for backend in self.backends if backend.is_local]
+
+    def jumpers(self) -> list[OpenAIJumper]:
+        """The OpenAI-compatible upstream keys."""
+        return [backend for backend in self.backends if isinstance(backend, OpenAIJumper)]
+
     def healthy(self) -> list[Backend]:
-        """Backends that take requests now."""
-        return [backend for backend in self.backends if backend.is_healthy]
+        """Backends that take requests now (healthy, circuit not open)."""
+        now = time.monotonic()
+        return [backend for backend in self.backends if backend.is_routable(now)]
 
-    def candidates(self, model: str | None, exclude: Collection[Backend] = ()) -> list[Backend]:
-        """Healthy backends that can serve ``model`` (any model when ``None``), best kind only.
+    def candidates(
+        self,
+        model: str | None,
+        path: str,
+        exclude: Collection[Backend] = (),
+        route: Route = "auto",
+    ) -> list[Backend]:
+        """Backends that can take a request for ``model`` on ``path`` now, best tier only.
 
-        Continuous-batching servers are preferred over static-batching ones when both serve the
-        model; ``exclude`` drops backends already tried for this request (for failover).
+        Tiers: CB servers, then SB servers, then (unless ``route`` is ``local``) the jumpers;
+        a lower tier is used only when no backend of a higher one can take the request.
+        ``exclude`` drops backends already tried for this request (failover).
         """
         eligible = [
             backend
             for backend in self.healthy()
-            if backend not in exclude and (model is None or backend.serves(model))
+            if backend not in exclude
+            and backend.supports(path)
+            and (route == "auto" or backend.is_local == (route == "local"))
+            and (model is None or backend.serves(model))
         ]
         if not eligible:
             return []
@@ -137,7 +199,11 @@ class BackendRegistry:
         return [backend for backend in eligible if backend.priority == best]
 
     def model_ids(self, *, is_healthy_only: bool = True) -> list[str]:
-        """Model ids served by the (healthy) backends, each once, in configuration order."""
+        """Model ids served by the (healthy) backends, each once, in configuration order.
+
+        Jumpers count with the models their entries list (an entry listing none serves any
+        model the caller names, and adds nothing here).
+        """
         backends = self.healthy() if is_healthy_only else self.backends
         seen: dict[str, None] = {}
         for backend in backends:

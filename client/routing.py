@@ -33,24 +33,39 @@ class Router:
         ``exclude`` lists backends already tried for this request (failover).
         """
         model = info.model or None
-        candidates = self.registry.candidates(model, exclude)
-        if not candidates:
+        candidates = self.registry.candidates(model, info.endpoint, exclude, info.route)
+        if not candidates or (not candidates[0].is_local and info.route == "auto"):
+            # Before falling back upstream (or giving up), make sure no local server came back.
             await self.registry.refresh_if_stale()
-            candidates = self.registry.candidates(model, exclude)
+            candidates = self.registry.candidates(model, info.endpoint, exclude, info.route)
         if not candidates:
-            raise self._no_candidate_error(model, exclude)
+            raise self._no_candidate_error(info, exclude)
         return self.policy.choose(candidates, info)
 
-    def _no_candidate_error(self, model: str | None, exclude: Collection[Backend]) -> APIError:
-        registry = self.registry
-        num_configured = len(registry.backends)
+    def _no_candidate_error(self, info: RequestInfo, exclude: Collection[Backend]) -> APIError:
+        registry, model = self.registry, info.model or None
+        backends = [
+            backend
+            for backend in registry.backends
+            if info.route == "auto" or backend.is_local == (info.route == "local")
+        ]
+        num_configured = len(backends)
+        where = {"auto": "model server", "local": "local model server", "openai": "OpenAI jumper"}
         if num_configured == 0:
-            return overloaded("no model server is configured on this gateway", RETRY_AFTER_SECONDS)
-        healthy = [backend for backend in registry.healthy() if backend not in exclude]
+            return overloaded(
+                f"no {where[info.route]} is configured on this gateway", RETRY_AFTER_SECONDS
+            )
+        healthy = [b for b in registry.healthy() if b not in exclude and b in backends]
         if not healthy:
             return overloaded(
-                f"no model server can take the request right now "
-                f"({num_configured} configured, none healthy)",
+                f"no {where[info.route]} can take the request right now "
+                f"({num_configured} configured, none available)",
+                RETRY_AFTER_SECONDS,
+            )
+        if not any(backend.supports(info.endpoint) for backend in healthy):
+            return overloaded(
+                f"no available server speaks {info.endpoint} right now (OpenAI jumpers take "
+                "only /v1/chat/completions and /v1/completions)",
                 RETRY_AFTER_SECONDS,
             )
         if model is None or exclude or model in registry.model_ids(is_healthy_only=False):

@@ -91,10 +91,14 @@ def test_build_app_raises_config_error(tmp_path: Path) -> None:
 
 
 def test_policy_registry() -> None:
-    assert isinstance(make_policy("least_outstanding"), LeastOutstandingWork)
-    assert set(POLICIES) == {"least_outstanding"}
+    assert isinstance(make_policy(ClientConfig()), LeastOutstandingWork)
+    assert set(POLICIES) == {"least_outstanding", "round_robin", "power_of_two", "affinity"}
+    for name, policy_class in POLICIES.items():
+        policy = make_policy(ClientConfig(balancing_policy=name))  # type: ignore[arg-type]
+        assert type(policy) is policy_class
+    config = ClientConfig.model_construct(balancing_policy="nope")
     with pytest.raises(ValueError, match="unknown balancing policy"):
-        make_policy("nope")
+        make_policy(config)
 
 
 def test_least_outstanding_uses_reported_load_and_in_flight() -> None:
@@ -135,13 +139,14 @@ def test_candidates_by_model_health_and_kind() -> None:
     down = _backend("http://down:1", model="m", kind="continuous_batching")
     down.is_healthy = False
     registry = BackendRegistry([sb, cb, other, down])
-    assert registry.candidates("m") == [cb]  # CB preferred over SB
-    assert registry.candidates("m", exclude=[cb]) == [sb]
-    assert registry.candidates("other") == [other]
-    assert registry.candidates("unknown") == []
-    assert registry.candidates(None) == [cb]  # any model: best kind tier
+    path = "/generate"
+    assert registry.candidates("m", path) == [cb]  # CB preferred over SB
+    assert registry.candidates("m", path, exclude=[cb]) == [sb]
+    assert registry.candidates("other", path) == [other]
+    assert registry.candidates("unknown", path) == []
+    assert registry.candidates(None, path) == [cb]  # any model: best kind tier
     cb.is_healthy = False
-    assert registry.candidates(None) == [sb, other]
+    assert registry.candidates(None, path) == [sb, other]
     assert registry.model_ids() == ["m", "other"]
     assert registry.model_ids(is_healthy_only=False) == ["m", "other"]
 

@@ -1,0 +1,89 @@
+"""A per-backend circuit breaker: repeated request failures keep traffic away for a while.
+
+Heartbeats tell whether a server answers ``/health``; the breaker tells whether real requests
+succeed there. A server that accepts connections but fails requests (crashing worker, broken
+model, upstream key rate-limited) would otherwise keep receiving and failing traffic between
+two heartbeats.
+
+States: *closed* (traffic flows), *open* (no traffic until the cooldown ends), *half-open*
+(cooldown over: one trial request may go; its success closes the circuit, its failure opens it
+again for twice as long, up to a cap).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+BreakerState = Literal["closed", "open", "half_open"]
+
+#: Longest cooldown after repeated trips (the cooldown doubles on each failed trial).
+MAX_COOLDOWN_SECONDS = 300.0
+
+
+@dataclass
+class CircuitBreaker:
+    """Counts consecutive request failures of one backend and opens after ``failure_threshold``."""
+
+    failure_threshold: int = 3
+    cooldown_seconds: float = 15.0
+    num_consecutive_failures: int = 0
+    #: Consecutive openings without a success in between (grows the cooldown).
+    num_trips: int = 0
+    opened_until: float | None = None
+    is_trial_in_flight: bool = False
+
+    def state(self, now: float | None = None) -> BreakerState:
+        """The state at ``now`` (monotonic seconds; default: the current time)."""
+        if self.opened_until is None:
+            return "closed"
+        now = time.monotonic() if now is None else now
+        return "open" if now < self.opened_until else "half_open"
+
+    def allows_request(self, now: float | None = None) -> bool:
+        """True when a new request may go to the backend now."""
+        state = self.state(now)
+        return state == "closed" or (state == "half_open" and not self.is_trial_in_flight)
+
+    def seconds_until_retry(self, now: float | None = None) -> float:
+        """How long until the backend may take traffic again (0 when it may now)."""
+        if self.opened_until is None:
+            return 0.0
+        now = time.monotonic() if now is None else now
+        return max(0.0, self.opened_until - now)
+
+    def on_request_sent(self, now: float | None = None) -> None:
+        """Note that a request was sent; in half-open state it is the one trial."""
+        if self.state(now) == "half_open":
+            self.is_trial_in_flight = True
+
+    def record_success(self) -> None:
+        """A request succeeded: close the circuit and forget past failures."""
+        self.num_consecutive_failures = 0
+        self.num_trips = 0
+        self.opened_until = None
+        self.is_trial_in_flight = False
+
+    def record_failure(self, now: float | None = None) -> bool:
+        """A request failed; returns True when this failure opened the circuit."""
+        now = time.monotonic() if now is None else now
+        self.num_consecutive_failures += 1
+        was_trial = self.is_trial_in_flight or self.state(now) == "half_open"
+        if was_trial or self.num_consecutive_failures >= self.failure_threshold:
+            cooldown = min(self.cooldown_seconds * 2**self.num_trips, MAX_COOLDOWN_SECONDS)
+            self.open_for(cooldown, now)
+            return True
+        return False
+
+    def open_for(self, seconds: float, now: float | None = None) -> None:
+        """Keep traffic away for ``seconds`` (e.g. an upstream's Retry-After)."""
+        now = time.monotonic() if now is None else now
+        until = now + seconds
+        self.opened_until = until if self.opened_until is None else max(self.opened_until, until)
+        self.num_trips += 1
+        self.is_trial_in_flight = False
+
+    def release_trial(self) -> None:
+        """A trial request ended without a verdict (e.g. the caller left): allow another."""
+        self.is_trial_in_flight = False

@@ -1,0 +1,109 @@
+"""OpenAI-compatible upstreams ("OpenAI jumpers"): one backend per configured API key.
+
+The gateway falls back to them when no local server can take a request, or sends a request
+there when the caller asks for it (``X-LLM-Route: openai``). Among the keys able to serve a
+model the least recently used one goes first; a key that answers 429 or 5xx rests (its circuit
+opens) for the upstream's Retry-After or ``jumper_cooldown_seconds``, and one that is refused
+(401/403) rests much longer. Keys never appear in logs, errors, metrics or the status table:
+each jumper is named by its position in the config and its base URL.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from client.backends import Backend
+from client.config import OpenAIJumperConfig
+
+#: The OpenAI API paths a jumper forwards (our ``/v1/...`` path minus the ``/v1`` that the
+#: jumper's base URL already ends with). The native ``/generate`` has no upstream equivalent.
+JUMPER_PATHS = ("/v1/chat/completions", "/v1/completions")
+
+#: How long a key rests after the upstream refused it (401/403): a wrong or revoked key will
+#: not heal by itself, but a config reload replaces it without waiting.
+REFUSED_KEY_COOLDOWN_SECONDS = 600.0
+
+
+@dataclass(eq=False)
+class OpenAIJumper(Backend):
+    """One API key at one OpenAI-compatible base URL."""
+
+    config: OpenAIJumperConfig = field(kw_only=True)
+    index: int = field(default=0, kw_only=True)
+    #: Monotonic time of the last request sent with this key (least recently used goes first).
+    last_used_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        # A jumper has no heartbeat: it is up unless its key rests (an open circuit).
+        self.is_healthy = True
+        self.reported_status = "ok"
+        self.model_ids = list(dict.fromkeys([*self.config.models, *self.config.model_map]))
+
+    @classmethod
+    def from_config(cls, config: OpenAIJumperConfig, index: int) -> OpenAIJumper:
+        """The jumper for the ``index``-th entry of ``openai_jumper_configs``."""
+        return cls(url=config.base_url, kind="openai", config=config, index=index)
+
+    @property
+    def name(self) -> str:
+        """``openai[<index>]@<base url>``: identifies the entry without showing its key."""
+        return f"openai[{self.index}]@{self.url}"
+
+    @property
+    def identity(self) -> tuple[str, str, str | None]:
+        """What makes two entries the same key (kept across config reloads)."""
+        return (self.url, self.config.api_key.get_secret_value(), self.config.org_id)
+
+    def serves(self, model: str) -> bool:
+        """True when the entry lists ``model`` (in ``models`` or ``model_map``), or lists none."""
+        return not self.model_ids or model in self.model_ids
+
+    def supports(self, path: str) -> bool:
+        """Only the OpenAI endpoints go upstream."""
+        return path in JUMPER_PATHS
+
+    def upstream_model(self, model: str | None) -> str | None:
+        """The upstream's name for ``model`` (``model_map``), else the same name."""
+        if model is None:
+            return None
+        return self.config.model_map.get(model, model)
+
+    def url_for(self, path: str) -> str:
+        """``/v1/chat/completions`` -> ``<base_url>/chat/completions``."""
+        return self.url + path.removeprefix("/v1")
+
+    def request_headers(self) -> dict[str, str]:
+        """The key (and organization) of this entry."""
+        headers = {"authorization": f"Bearer {self.config.api_key.get_secret_value()}"}
+        if self.config.org_id:
+            headers["openai-organization"] = self.config.org_id
+        return headers
+
+    def on_request_sent(self) -> None:
+        """Remember when the key was last used (least recently used goes first)."""
+        self.last_used_at = time.monotonic()
+
+    def rest(self, seconds: float) -> None:
+        """Keep the key out of rotation for ``seconds``."""
+        self.breaker.open_for(seconds)
+
+    async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:
+        """No heartbeat upstream (it would spend quota); health is the key's circuit."""
+        self.is_healthy = True
+
+    def scrub(self, text: str) -> str:
+        """``text`` with this entry's key masked (upstream errors sometimes echo the key)."""
+        key = self.config.api_key.get_secret_value()
+        return text.replace(key, "***") if key else text
+
+
+def make_jumpers(configs: list[OpenAIJumperConfig]) -> list[OpenAIJumper]:
+    """One jumper per enabled entry (placeholder keys are skipped), numbered by config position."""
+    return [
+        OpenAIJumper.from_config(config, index)
+        for index, config in enumerate(configs)
+        if config.is_enabled
+    ]
