@@ -120,11 +120,10 @@ class Gateway:
             config.affinity_max_imbalance != self.config.affinity_max_imbalance
         ):
             self.router.policy = make_policy(config)
-        new_backends = self.registry.apply_config(config)
+        new_backends = await self.registry.apply_config(config)
         self.config = config
         if self._proxy is not None:
             self._proxy.config = config
-            await self.registry.probe(new_backends)
         self._log_jumpers(config)
         logger.info(
             "config applied: %d backend(s) (%d new), %d healthy, policy %s",

@@ -155,6 +155,22 @@ class SessionAffinity(BalancingPolicy):
         return next(b for b in self.rank(key, candidates) if score(b) <= limit)
 
 
+class LeastRecentlyUsedKey(BalancingPolicy):
+    """For the OpenAI jumper tier: the key used longest ago goes next.
+
+    Spreads traffic over the keys' rate limits evenly, and a key back from a rest (its circuit
+    was open) is naturally the first to be tried again.
+    """
+
+    name: ClassVar[str] = "least_recently_used_key"
+
+    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+        """The candidate with the oldest ``last_used_at`` (backends without one count as 0)."""
+        if not candidates:
+            raise ValueError("choose() needs at least one candidate")
+        return min(candidates, key=lambda backend: getattr(backend, "last_used_at", 0.0))
+
+
 #: Characters of a prompt that identify its conversation for affinity: long enough to tell
 #: conversations apart, short enough that a growing prompt (the same chat, one more turn)
 #: keeps its key.

@@ -55,15 +55,29 @@ class BackendRegistry:
     def from_config(cls, config: ClientConfig) -> BackendRegistry:
         """One backend per configured server URL (CB servers first), then one per jumper key."""
         registry = cls([])
-        registry.apply_config(config)
+        registry.backends, _ = registry._build(config)
         return registry
 
-    def apply_config(self, config: ClientConfig) -> list[Backend]:
+    async def apply_config(self, config: ClientConfig) -> list[Backend]:
         """Make the backend list match ``config``; returns the backends that are new.
 
-        Backends that stay keep their state (health, load, circuit, key rest); removed ones
-        simply leave the list, so requests in flight there finish normally (they hold their
-        own reference). Settings such as thresholds apply to every backend at once.
+        New backends are health-checked before they join, so that a request arriving just
+        after the switch finds them ready. Backends that stay keep their state (health,
+        load, circuit, key rest); removed ones simply leave the list, so requests in flight
+        there finish normally (they hold their own reference).
+        """
+        backends, new = self._build(config)
+        await self.probe(new)
+        for backend in self.backends:
+            if backend not in backends:
+                logger.info("backend %s removed (requests in flight there finish)", backend.name)
+        self.backends = backends
+        return new
+
+    def _build(self, config: ClientConfig) -> tuple[list[Backend], list[Backend]]:
+        """The backend list for ``config`` (reusing current backends) and which are new.
+
+        Settings such as thresholds apply to every backend at once.
         """
         self.health_timeout_seconds = config.health_timeout_seconds
         self.heartbeat_interval_seconds = config.heart_beat_interval_seconds
@@ -87,13 +101,8 @@ class BackendRegistry:
             backend.num_failures_to_mark_down = config.num_failures_to_mark_down
             backend.breaker.failure_threshold = config.circuit_breaker_failures
             backend.breaker.cooldown_seconds = config.circuit_breaker_cooldown_seconds
-        kept_ids = {id(b) for b in self.backends}
-        new = [b for b in backends if id(b) not in kept_ids]
-        removed = [b for b in self.backends if b not in backends]
-        for backend in removed:
-            logger.info("backend %s removed (requests in flight there finish)", backend.name)
-        self.backends = backends
-        return new
+        new = [backend for backend in backends if backend not in self.backends]
+        return backends, new
 
     # -- life cycle ------------------------------------------------------------------------
 

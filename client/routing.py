@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from client.backends import Backend
-from client.policies import BalancingPolicy, RequestInfo
+from client.policies import BalancingPolicy, LeastRecentlyUsedKey, RequestInfo
 from client.registry import BackendRegistry
 from utils.errors import APIError, overloaded
 
@@ -26,6 +26,8 @@ class Router:
     def __init__(self, registry: BackendRegistry, policy: BalancingPolicy) -> None:
         self.registry = registry
         self.policy = policy
+        #: The jumper tier spreads over API keys, not over servers' load.
+        self.key_policy = LeastRecentlyUsedKey()
 
     async def select(self, info: RequestInfo, exclude: Collection[Backend] = ()) -> Backend:
         """The backend for ``info``; raises :class:`APIError` (404/503) when there is none.
@@ -40,7 +42,8 @@ class Router:
             candidates = self.registry.candidates(model, info.endpoint, exclude, info.route)
         if not candidates:
             raise self._no_candidate_error(info, exclude)
-        return self.policy.choose(candidates, info)
+        policy = self.policy if candidates[0].is_local else self.key_policy
+        return policy.choose(candidates, info)
 
     def _no_candidate_error(self, info: RequestInfo, exclude: Collection[Backend]) -> APIError:
         registry, model = self.registry, info.model or None

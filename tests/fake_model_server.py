@@ -54,8 +54,12 @@ class FakeServerSettings:
     is_health_failing: bool = False
     #: When given, generation endpoints answer this HTTP status with the error shape.
     fail_status: int | None = None
+    #: Like an OpenAI upstream: these bearer keys get this status (e.g. 429 for a spent key).
+    fail_status_by_key: dict[str, int] = field(default_factory=dict)
     # Observations.
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: The Authorization header of each generation request ("" when absent).
+    authorizations: list[str] = field(default_factory=list)
     num_streams_started: int = 0
     num_streams_completed: int = 0
     num_streams_cancelled: int = 0
@@ -172,8 +176,15 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
         path = request.url.path
         body = json.loads(await request.body())
         settings.requests.append((path, body))
+        authorization = request.headers.get("authorization", "")
+        settings.authorizations.append(authorization)
         if settings.fail_status is not None:
             return _error(settings.fail_status, "failing (on purpose)")
+        key_status = settings.fail_status_by_key.get(authorization.removeprefix("Bearer "))
+        if key_status is not None:
+            # Real upstreams echo (part of) the key in some errors: the gateway must scrub it.
+            message = f"key {authorization.removeprefix('Bearer ')} failed (on purpose)"
+            return _error(key_status, message)
         if body.get("model") not in (None, "", settings.model_id):
             return _error(404, f"model {body.get('model')!r} is not served here")
         if body.get("stream"):

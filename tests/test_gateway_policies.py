@@ -1,0 +1,256 @@
+"""Gateway parts without HTTP: each balancing policy on crafted loads, the circuit breaker,
+jumper keys, affinity keys, caller auth and config re-application."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+from pydantic import SecretStr
+
+from client.auth import check_caller
+from client.backends import Backend, InFlightLease
+from client.circuit_breaker import CircuitBreaker
+from client.config import ClientConfig, OpenAIJumperConfig
+from client.jumpers import OpenAIJumper
+from client.policies import (
+    LeastRecentlyUsedKey,
+    PowerOfTwoChoices,
+    RequestInfo,
+    RoundRobin,
+    SessionAffinity,
+    affinity_key_of,
+)
+from client.registry import BackendRegistry
+from protocol.health import LoadReport
+from protocol.openai_api import ChatMessage
+from utils.errors import APIError
+
+INFO = RequestInfo(endpoint="/v1/chat/completions", model="m")
+
+
+def _backend(url: str, **load: int) -> Backend:
+    return Backend(
+        url=url,
+        kind="continuous_batching",
+        model_ids=["m"],
+        is_healthy=True,
+        load=LoadReport(**load),
+    )
+
+
+def _info(key: str | None) -> RequestInfo:
+    return RequestInfo(endpoint="/generate", model="m", affinity_key=key)
+
+
+# -- policies -------------------------------------------------------------------------------
+
+
+def test_round_robin_ignores_load() -> None:
+    backends = [
+        _backend("http://a:1", num_running=50),
+        _backend("http://b:1"),
+        _backend("http://c:1"),
+    ]
+    policy = RoundRobin()
+    chosen = [policy.choose(backends, INFO).url for _ in range(6)]
+    assert chosen == ["http://a:1", "http://b:1", "http://c:1"] * 2
+
+
+def test_power_of_two_picks_the_less_loaded_of_its_pair() -> None:
+    loads = [0, 5, 10, 20]
+    backends = [_backend(f"http://s{load}:1", num_running=load) for load in loads]
+    policy = PowerOfTwoChoices(random.Random(0))
+    num_chosen = Counter(policy.choose(backends, INFO).url for _ in range(1200))
+    # The most loaded server is never the less loaded of a pair; the idle one wins every pair
+    # it is in (half of all pairs), the next one a third of them.
+    assert num_chosen["http://s20:1"] == 0
+    assert 500 < num_chosen["http://s0:1"] < 700
+    assert 300 < num_chosen["http://s5:1"] < 500
+    assert num_chosen["http://s0:1"] > num_chosen["http://s5:1"] > num_chosen["http://s10:1"]
+    # In-flight requests count too: make the idle one the busiest.
+    leases = [InFlightLease(backends[0]) for _ in range(30)]
+    assert all(policy.choose(backends, INFO) is not backends[0] for _ in range(50))
+    for lease in leases:
+        lease.release()
+    assert policy.choose(backends[:1], INFO) is backends[0]
+
+
+def test_affinity_keeps_a_conversation_on_one_server() -> None:
+    backends = [_backend(f"http://s{i}:1") for i in range(4)]
+    policy = SessionAffinity(max_imbalance=8)
+    keys = [f"conversation-{i}" for i in range(40)]
+    first = {key: policy.choose(backends, _info(key)) for key in keys}
+    assert len(set(first.values())) == 4  # keys spread over all servers
+    assert all(policy.choose(backends, _info(key)) is first[key] for key in keys)
+    # A server leaves: only its conversations move; the others keep their server.
+    gone = backends[1]
+    remaining = [b for b in backends if b is not gone]
+    for key in keys:
+        chosen = policy.choose(remaining, _info(key))
+        if first[key] is not gone:
+            assert chosen is first[key]
+    # It comes back: its conversations return to it.
+    assert all(policy.choose(backends, _info(key)) is first[key] for key in keys)
+
+
+def test_affinity_leaves_an_overloaded_server_and_balances_keyless_requests() -> None:
+    backends = [_backend("http://a:1"), _backend("http://b:1")]
+    policy = SessionAffinity(max_imbalance=3)
+    preferred = policy.choose(backends, _info("chat-1"))
+    other = next(b for b in backends if b is not preferred)
+    preferred.load = LoadReport(num_running=3)
+    assert policy.choose(backends, _info("chat-1")) is preferred  # within the allowed imbalance
+    preferred.load = LoadReport(num_running=4)
+    assert policy.choose(backends, _info("chat-1")) is other
+    # No key: least outstanding work.
+    assert policy.choose(backends, _info(None)) is other
+
+
+def test_affinity_key_of_request_parts() -> None:
+    system = ChatMessage(role="system", content="be brief")
+    question = ChatMessage(role="user", content="hi")
+    answer = ChatMessage(role="assistant", content="hello")
+    follow_up = ChatMessage(role="user", content="and then?")
+    turn_1 = affinity_key_of(None, None, None, [system, question])
+    turn_2 = affinity_key_of(None, None, None, [system, question, answer, follow_up])
+    assert turn_1 is not None and turn_1 == turn_2  # the growing chat keeps its key
+    other_chat = affinity_key_of(None, None, None, [system, ChatMessage(role="user", content="yo")])
+    assert other_chat != turn_1
+    assert affinity_key_of("abc", "alice", "p", None) == "session:abc"
+    assert affinity_key_of(None, "alice", "p", None) == "user:alice"
+    assert affinity_key_of(None, None, "x" * 1000, None) == affinity_key_of(
+        None, None, "x" * 256 + "different tail", None
+    )
+    assert affinity_key_of(None, None, None, None) is None
+
+
+# -- circuit breaker ------------------------------------------------------------------------
+
+
+def test_circuit_breaker_opens_half_opens_and_closes() -> None:
+    breaker = CircuitBreaker(failure_threshold=3, cooldown_seconds=10)
+    assert not breaker.record_failure(now=0) and not breaker.record_failure(now=1)
+    breaker.record_success()  # a success in between resets the count
+    assert not breaker.record_failure(now=2) and not breaker.record_failure(now=3)
+    assert breaker.record_failure(now=4)
+    assert breaker.state(now=5) == "open" and not breaker.allows_request(now=5)
+    assert breaker.seconds_until_retry(now=5) == pytest.approx(9)
+    # Cooldown over: one trial request.
+    assert breaker.state(now=14.5) == "half_open" and breaker.allows_request(now=14.5)
+    breaker.on_request_sent(now=14.5)
+    assert not breaker.allows_request(now=14.6)
+    # The trial fails: open again, twice as long.
+    assert breaker.record_failure(now=15)
+    assert breaker.state(now=34) == "open" and breaker.state(now=35.1) == "half_open"
+    breaker.on_request_sent(now=36)
+    breaker.record_success()
+    assert breaker.state(now=36) == "closed" and breaker.num_trips == 0
+
+
+def test_lease_verdicts_drive_the_breaker() -> None:
+    backend = _backend("http://a:1")
+    backend.breaker = CircuitBreaker(failure_threshold=2, cooldown_seconds=60)
+    for _ in range(2):
+        InFlightLease(backend).release(is_failure=True)
+    assert not backend.is_routable()
+    assert backend.num_failures == 2 and backend.status().circuit == "open"
+    registry = BackendRegistry([backend, _backend("http://b:1")])
+    assert [b.url for b in registry.candidates("m", "/generate")] == ["http://b:1"]
+
+
+def test_failed_heartbeats_mark_down_after_threshold() -> None:
+    backend = _backend("http://a:1")
+    backend.num_failures_to_mark_down = 2
+    backend.record_failed_heartbeat("timeout")
+    assert backend.is_healthy
+    backend.record_failed_heartbeat("timeout")
+    assert not backend.is_healthy and backend.last_error == "timeout"
+
+
+# -- jumpers --------------------------------------------------------------------------------
+
+
+def _jumper(key: str, index: int = 0, **fields: object) -> OpenAIJumper:
+    config = OpenAIJumperConfig.model_validate(
+        {"api_key": key, "base_url": "http://up:1/v1", **fields}
+    )
+    return OpenAIJumper.from_config(config, index)
+
+
+def test_jumper_maps_models_paths_and_hides_its_key() -> None:
+    jumper = _jumper("sk-secret-123456789", models=["gpt-x"], model_map={"local": "gpt-y"})
+    assert jumper.model_ids == ["gpt-x", "local"]
+    assert jumper.serves("local") and jumper.serves("gpt-x") and not jumper.serves("other")
+    assert jumper.upstream_model("local") == "gpt-y" and jumper.upstream_model("gpt-x") == "gpt-x"
+    assert jumper.url_for("/v1/chat/completions") == "http://up:1/v1/chat/completions"
+    assert jumper.supports("/v1/completions") and not jumper.supports("/generate")
+    assert jumper.request_headers()["authorization"] == "Bearer sk-secret-123456789"
+    assert "secret" not in jumper.name and "secret" not in jumper.status().model_dump_json()
+    assert jumper.scrub("bad key sk-secret-123456789!") == "bad key ***!"
+    assert _jumper("sk-any-key-000000").serves("anything")  # no list: any model
+
+
+def test_registry_prefers_local_and_picks_least_recently_used_key() -> None:
+    local = _backend("http://a:1")
+    keys = [_jumper(f"sk-key-{i}-abcdefgh", index=i) for i in range(3)]
+    registry = BackendRegistry([local, *keys])
+    path = "/v1/chat/completions"
+    assert registry.candidates("m", path) == [local]
+    assert registry.candidates("m", "/generate", route="openai") == []
+    assert registry.candidates("m", path, route="openai") == keys
+    local.is_healthy = False
+    assert registry.candidates("m", path) == keys  # the fallback tier
+    assert registry.candidates("m", path, route="local") == []
+    keys[1].rest(30)
+    assert registry.candidates("m", path) == [keys[0], keys[2]]
+    # Least recently used first: each use sends the key to the back of the line.
+    policy, info = LeastRecentlyUsedKey(), RequestInfo(endpoint=path, model="m")
+    order = []
+    for _ in range(4):
+        chosen = policy.choose(registry.candidates("m", path), info)
+        InFlightLease(chosen).release()
+        order.append(chosen.index)  # type: ignore[attr-defined]
+    assert order == [0, 2, 0, 2]
+
+
+async def test_apply_config_keeps_state_of_kept_backends() -> None:
+    key = {"api_key": "sk-kept-key-12345678", "base_url": "http://up:1/v1"}
+    config = ClientConfig(
+        continuous_batching_server_urls=["http://a:1", "http://b:1"], openai_jumper_configs=[key]
+    )
+    registry = BackendRegistry.from_config(config)
+    a, _, jumper = registry.backends
+    a.is_healthy = True
+    jumper.rest(100)  # type: ignore[attr-defined]
+    new_config = ClientConfig(
+        continuous_batching_server_urls=["http://a:1", "http://c:1"],
+        openai_jumper_configs=[key, {"api_key": "sk-new-key-12345678"}],
+        circuit_breaker_failures=7,
+    )
+    added = await registry.apply_config(new_config)  # not started: nothing is probed
+    assert [b.name for b in added] == ["http://c:1", "openai[1]@https://api.openai.com/v1"]
+    assert registry.backends[0] is a and a.is_healthy
+    assert registry.backends[2] is jumper and jumper.breaker.state() == "open"
+    assert all(b.breaker.failure_threshold == 7 for b in registry.backends)
+
+
+# -- caller auth ----------------------------------------------------------------------------
+
+
+def test_check_caller() -> None:
+    check_caller(None, [])  # no keys configured: open
+    keys = [SecretStr("caller-key-1"), SecretStr("caller-key-2")]
+    check_caller("Bearer caller-key-2", keys)
+    check_caller("bearer  caller-key-1 ", keys)
+    for header, expected in [
+        (None, "requires an API key"),
+        ("Basic abc", "Bearer <key>"),
+        ("Bearer wrong-key-999", "not valid"),
+    ]:
+        with pytest.raises(APIError, match=expected) as excinfo:
+            check_caller(header, keys)
+        assert excinfo.value.status_code == 401
+        assert "wrong-key-999" not in excinfo.value.message
+        assert excinfo.value.headers["WWW-Authenticate"] == "Bearer"
