@@ -8,6 +8,9 @@ Every app (the gateway ``client`` and the servers ``cb_server`` / ``sb_server``)
 
 in a session of its own, with stdout/stderr in ``RUN/logs/NAME.log`` and a record in
 ``RUN/NAME.json`` so that ``down``, ``stop`` and ``status`` find it again from another shell.
+The chat front end (``chat_ui``, the optional ``ui`` extra) is no ASGI app: it runs as
+``<python> -m streamlit run chat_ui_app.py --server.headless true ...`` with the same pid, log
+and record files; its gateway is ``$LLM_SUITE_GATEWAY_URL`` (the entry's ``env``).
 ``RUN`` is ``<repo>/run`` unless ``--run-dir``, the environment variable ``LLM_SUITE_RUN_DIR``
 or the deployment's ``run_dir`` says otherwise (in that order of precedence).
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
 import signal
@@ -42,7 +46,7 @@ DEFAULT_HEALTH_TIMEOUT: float = 180.0
 STOP_GRACE_SECONDS: float = 20.0
 LOG_TAIL_LINES: int = 40
 
-AppKindName = Literal["client", "cb_server", "sb_server"]
+AppKindName = Literal["client", "cb_server", "sb_server", "chat_ui"]
 
 
 @dataclass(frozen=True)
@@ -50,10 +54,14 @@ class AppKind:
     """What start_app knows about one of the suite's apps."""
 
     module: str
-    default_config: str
+    default_config: str | None
     default_port: int
-    #: Servers start before the gateway, so that its first heartbeat already finds them.
-    role: Literal["server", "gateway"]
+    #: Servers start before the gateway, so that its first heartbeat already finds them, and
+    #: the UI after it, so that its first page lists the models.
+    role: Literal["server", "gateway", "ui"]
+    #: gunicorn serves ``MODULE:build_app(CONFIG)``; streamlit runs the file ``MODULE.py``.
+    launcher: Literal["gunicorn", "streamlit"] = "gunicorn"
+    health_path: str = "/health"
 
 
 APP_KINDS: dict[str, AppKind] = {
@@ -64,7 +72,12 @@ APP_KINDS: dict[str, AppKind] = {
     "sb_server": AppKind(
         "static_batching_server_app", "configs/sb_server_config.json", 8002, "server"
     ),
+    "chat_ui": AppKind(
+        "chat_ui_app", None, 8501, "ui", launcher="streamlit", health_path="/_stcore/health"
+    ),
 }
+#: Start order by role (sorted() is stable: file order within a role).
+ROLE_ORDER: dict[str, int] = {"server": 0, "gateway": 1, "ui": 2}
 
 # Names become file names in the run folder: keep them to a safe alphabet.
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
@@ -98,6 +111,11 @@ class AppEntry(BaseModel):
     def _app_or_module(self) -> AppEntry:
         if self.app is None and self.module is None:
             raise ValueError(f"give 'app' (one of {', '.join(APP_KINDS)}) or 'module'")
+        if self.launcher == "streamlit" and (self.config or self.workers != 1):
+            raise ValueError(
+                f"app {self.app!r} takes no config file and runs one process (workers 1); "
+                "point it at a gateway with env LLM_SUITE_GATEWAY_URL"
+            )
         return self
 
     @property
@@ -110,8 +128,18 @@ class AppEntry(BaseModel):
 
     @property
     def role(self) -> str:
-        """``gateway`` for the client app, ``server`` for everything else."""
+        """``gateway`` for the client app, ``ui`` for the chat UI, ``server`` otherwise."""
         return APP_KINDS[self.app].role if self.app else "server"
+
+    @property
+    def launcher(self) -> str:
+        """``gunicorn`` for the ASGI apps, ``streamlit`` for the chat UI."""
+        return APP_KINDS[self.app].launcher if self.app else "gunicorn"
+
+    @property
+    def health_path(self) -> str:
+        """The path that answers 200 once the app is ready."""
+        return APP_KINDS[self.app].health_path if self.app else "/health"
 
 
 class Deployment(BaseModel):
@@ -159,6 +187,8 @@ class AppRecord(BaseModel):
     pid_file: str
     started_at: float
     command: list[str]
+    #: Records written before the chat UI existed have no such key: they were all /health.
+    health_path: str = "/health"
 
     @property
     def url(self) -> str:
@@ -364,6 +394,8 @@ def _is_ours(record: AppRecord) -> bool:
     except OSError:
         return pid_alive(record.pid)  # no procfs: trust the record
     args = [a.decode(errors="replace") for a in cmdline]
+    if "streamlit" in args:  # the chat UI: ``python -m streamlit run ... --server.port PORT``
+        return str(record.port) in args
     return "gunicorn" in " ".join(args) and bind_address(record.host, record.port) in args
 
 
@@ -463,7 +495,9 @@ class StartedApp:
 
 
 def build_command(entry: AppEntry, run_dir: Path) -> list[str]:
-    """The gunicorn command line for ``entry``."""
+    """The gunicorn (or, for the chat UI, streamlit) command line for ``entry``."""
+    if entry.launcher == "streamlit":
+        return build_streamlit_command(entry)
     config = str(resolve_path(entry.config)) if entry.config else None
     # gunicorn parses "module:func(args)" with ast.literal_eval: repr() gives a safe literal.
     target = (
@@ -493,6 +527,31 @@ def build_command(entry: AppEntry, run_dir: Path) -> list[str]:
         "--access-logfile",
         "-",
         *_control_socket_args(run_dir, entry.name),
+    ]
+
+
+def build_streamlit_command(entry: AppEntry) -> list[str]:
+    """``streamlit run`` of the app's script, headless, without telemetry or file watching."""
+    script = REPO_ROOT / (entry.module_name.replace(".", "/") + ".py")
+    return [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(script),
+        "--server.headless",
+        "true",
+        "--server.address",
+        entry.host,
+        "--server.port",
+        str(entry.port),
+        "--browser.gatherUsageStats",
+        "false",
+        # Reruns on file change are for development; a deployment serves the file it started with.
+        "--server.fileWatcherType",
+        "none",
+        "--client.toolbarMode",
+        "viewer",
     ]
 
 
@@ -534,9 +593,14 @@ def build_env(entry: AppEntry) -> dict[str, str]:
 
 
 def preflight(entry: AppEntry) -> str | None:
-    """Return why ``entry`` cannot start (missing config, taken port), or None."""
+    """Return why ``entry`` cannot start (missing config or package, taken port), or None."""
     if entry.config and not resolve_path(entry.config).is_file():
         return f"config file {resolve_path(entry.config)} does not exist"
+    if entry.launcher == "streamlit" and importlib.util.find_spec("streamlit") is None:
+        return (
+            f"streamlit is not installed in {sys.prefix}: pip install -e '.[ui]' "
+            f"(or disable the {entry.name!r} entry)"
+        )
     return port_problem(entry.host, entry.port)
 
 
@@ -577,7 +641,11 @@ def start_entry(entry: AppEntry, run_dir: Path) -> StartedApp:
         pid_file=str(pid_path(run_dir, entry.name)),
         started_at=time.time(),
         command=command,
+        health_path=entry.health_path,
     )
+    if entry.launcher != "gunicorn":
+        # gunicorn writes its own pid file; streamlit does not, and its process is the app.
+        Path(record.pid_file).write_text(f"{popen.pid}\n")
     # Written at once, so that `down` finds the app even if this process is interrupted.
     tmp = record_path(run_dir, entry.name).with_suffix(".json.tmp")
     tmp.write_text(record.model_dump_json(indent=2) + "\n")
@@ -585,14 +653,14 @@ def start_entry(entry: AppEntry, run_dir: Path) -> StartedApp:
     return StartedApp(entry=entry, record=record, popen=popen)
 
 
-def probe_health(url: str, timeout: float = 2.0) -> tuple[int | None, str]:
-    """GET ``url``/health; return (status code or None, short text)."""
+def probe_health(url: str, timeout: float = 2.0, path: str = "/health") -> tuple[int | None, str]:
+    """GET ``url`` + ``path``; return (status code or None, short text)."""
     import httpx  # imported here: `down` and `--help` stay fast
 
     try:
         # trust_env=False: a proxy from the environment must not intercept loopback calls.
         with httpx.Client(timeout=timeout, trust_env=False) as client:
-            response = client.get(f"{url}/health")
+            response = client.get(f"{url}{path}")
     except httpx.HTTPError as exc:
         return None, type(exc).__name__
     body = " ".join(response.text.split())
@@ -607,7 +675,7 @@ def wait_healthy(started: StartedApp, timeout: float) -> tuple[bool, str]:
         code = started.popen.poll()
         if code is not None:
             return False, f"its process exited with code {code} before /health answered"
-        status, text = probe_health(started.record.url)
+        status, text = probe_health(started.record.url, path=started.record.health_path)
         if status == 200:
             return True, f"healthy after {time.monotonic() - start:.1f} s"
         if status is not None:
@@ -633,7 +701,7 @@ def bring_up(entries: Sequence[AppEntry], run_dir: Path, timeout: float | None =
     On any failure, stops what this call started and returns 1; returns 0 on success.
     ``timeout`` overrides each entry's ``health_timeout_seconds``.
     """
-    ordered = sorted(entries, key=lambda e: e.role == "gateway")  # stable: file order kept
+    ordered = sorted(entries, key=lambda e: ROLE_ORDER[e.role])  # stable: file order kept
     with _start_lock(run_dir):
         running: set[str] = set()
         problems: list[str] = []
@@ -745,7 +813,7 @@ def _status_rows(run_dir: Path, deployment: Deployment | None) -> list[dict[str,
     recorded = {r.name: r for r in list_records(run_dir)}
     for record in recorded.values():
         alive = pid_alive(record.pid) and _is_ours(record)
-        status, text = probe_health(record.url) if alive else (None, "-")
+        status, text = probe_health(record.url, path=record.health_path) if alive else (None, "-")
         rows.append(
             {
                 "name": record.name,
@@ -899,7 +967,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="start_app.py",
-        description="Run the suite's apps (gateway and servers) under gunicorn in the background.",
+        description="Run the suite's apps (gateway, servers, chat UI) in the background.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(
             [

@@ -260,6 +260,7 @@ def test_failing_app_shows_log_tail_and_stops_the_others(workspace: Path) -> Non
         (lambda d: d["apps"][0].update(app="nope"), "apps[0].app"),
         (lambda d: d.update(extra_key=True), "extra_key: Extra inputs are not permitted"),
         (lambda d: d["apps"][1].update(name="alpha"), "repeated: alpha"),
+        (lambda d: d["apps"][1].update(app="chat_ui", config="x.json"), "takes no config file"),
     ],
 )
 def test_bad_deployment_names_file_and_key(tmp_path: Path, mutate: Any, expected: str) -> None:
@@ -317,3 +318,54 @@ def test_start_logs_stop_one_app(workspace: Path) -> None:
     assert stopped.returncode == 0, output_of(stopped)
     assert not is_alive(record["pid"])
     assert live_processes_mentioning(str(workspace)) == []
+
+
+def test_chat_ui_runs_under_streamlit(workspace: Path) -> None:
+    """The chat UI entry: streamlit in the background, healthy, in status, stopped by down."""
+    pytest.importorskip("streamlit", reason="the chat UI needs the 'ui' extra")
+    run_dir = workspace / "run"
+    port = free_port()
+    deployment = write_deployment(
+        workspace / "deployment.json",
+        [
+            {
+                "name": "chat_ui",
+                "app": "chat_ui",
+                "port": port,
+                # No gateway needed to serve the page; this one is never called here.
+                "env": {"LLM_SUITE_GATEWAY_URL": "http://127.0.0.1:9"},
+            }
+        ],
+    )
+    up = run_start_app("up", "--deployment", str(deployment), "--timeout", "90", run_dir=run_dir)
+    try:
+        assert up.returncode == 0, output_of(up)
+        record = json.loads((run_dir / "chat_ui.json").read_text())
+        assert record["command"][1:4] == ["-m", "streamlit", "run"]
+        assert record["health_path"] == "/_stcore/health"
+        assert (run_dir / "chat_ui.pid").read_text().strip() == str(record["pid"])
+        page = httpx.get(f"http://127.0.0.1:{port}/", trust_env=False, timeout=10)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+
+        status = run_start_app("status", "--json", "--deployment", str(deployment), run_dir=run_dir)
+        [row] = json.loads(status.stdout)
+        assert (row["name"], row["alive"], row["health_status"]) == ("chat_ui", True, 200)
+    finally:
+        down = run_start_app("down", run_dir=run_dir)
+    assert down.returncode == 0, output_of(down)
+    assert "chat_ui: stopped" in down.stdout
+    assert not is_alive(record["pid"])
+    assert not list(run_dir.glob("*.json")) and not list(run_dir.glob("*.pid"))
+
+
+def test_shipped_deployment_points_the_chat_ui_at_its_gateway() -> None:
+    """configs/deployment.json is valid, and its chat UI talks to its gateway, started before."""
+    import start_app  # the module under test, imported here: the other tests run it as a script
+
+    deployment = start_app.load_deployment(start_app.DEFAULT_DEPLOYMENT)
+    entries = {entry.app: entry for entry in deployment.apps}
+    ui, gateway = entries["chat_ui"], entries["client"]
+    assert ui.env["LLM_SUITE_GATEWAY_URL"] == start_app.base_url(gateway.host, gateway.port)
+    assert ui.launcher == "streamlit" and ui.health_path == "/_stcore/health"
+    order = sorted(deployment.apps, key=lambda e: start_app.ROLE_ORDER[e.role])
+    assert [e.app for e in order][-2:] == ["client", "chat_ui"]
