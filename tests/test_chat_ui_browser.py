@@ -6,8 +6,7 @@ Chromium and ChromeDriver are Debian's (``/usr/bin/chromium``, ``/usr/bin/chrome
 driven by selenium; ``make test`` installs them when missing (``make chromium``). Nothing is
 downloaded at run time.
 
-Set ``CHAT_UI_SCREENSHOT=path.png`` to keep a screenshot of the answered page (that is how
-``docs/images/chat_ui.png`` is made).
+Set ``CHAT_UI_SCREENSHOT=path.png`` to keep a screenshot of the answered page.
 """
 
 from __future__ import annotations
