@@ -205,8 +205,13 @@ class ChatStream:
                     error = payload["error"]
                     message = error.get("message") if isinstance(error, dict) else error
                     raise GatewayError(f"The answer broke off: {message}")
-                if payload.get("usage"):
-                    usage = Usage(**{k: int(payload["usage"][k]) for k in Usage.__annotations__})
+                if isinstance(payload.get("usage"), dict):
+                    counts = payload["usage"]
+                    usage = Usage(
+                        prompt_tokens=int(counts.get("prompt_tokens") or 0),
+                        completion_tokens=int(counts.get("completion_tokens") or 0),
+                        total_tokens=int(counts.get("total_tokens") or 0),
+                    )
                 for choice in payload.get("choices") or []:
                     if choice.get("index", 0) != 0:
                         continue

@@ -7,9 +7,11 @@ fixture. The real browser test is ``test_chat_ui_browser.py``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 pytest.importorskip("streamlit", reason="the chat UI needs the 'ui' extra (pip install -e .[ui])")
@@ -127,6 +129,24 @@ def test_client_against_real_gateway(sb_gateway: ServerThread, dead_url: str) ->
         client.list_models()
     assert down.value.status_code is None
     assert f"Cannot reach the gateway at {dead_url}" in down.value.message
+
+
+def test_error_event_in_the_middle_of_a_stream() -> None:
+    """An ``{"error": ...}`` event after some text (a backend lost mid-answer) is readable."""
+    events = [
+        {"choices": [{"index": 0, "delta": {"content": "The capital"}}]},
+        {"error": {"type": "upstream_error", "message": "backend went away", "code": 502}},
+    ]
+    body = "".join(f"data: {json.dumps(event)}\n\n" for event in events) + "data: [DONE]\n\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=body, headers={"content-type": "text/event-stream"})
+
+    with ChatClient("http://gateway.test", transport=httpx.MockTransport(handler)) as client:
+        stream = client.chat("m", [{"role": "user", "content": "hi"}], Decoding())
+        with pytest.raises(GatewayError, match="The answer broke off: backend went away"):
+            list(stream)
+    assert stream.text == "The capital" and stream.stats is None
 
 
 # ----------------------------------------------------------------------------- the page
