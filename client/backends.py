@@ -179,6 +179,10 @@ class Backend:
         is_serving = health.status in _SERVING_STATES
         if is_serving and not self.is_healthy:
             logger.info("backend %s is healthy, serving %s", self.url, model_ids)
+            # Back from down (typically restarted): its past request failures say little about
+            # the new process, so one trial request may go at once instead of after the rest
+            # of the cooldown.
+            self.breaker.end_cooldown()
         elif not is_serving and self.is_healthy:
             logger.warning("backend %s is no longer serving (status %s)", self.url, health.status)
         self.is_healthy = is_serving

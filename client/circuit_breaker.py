@@ -84,6 +84,13 @@ class CircuitBreaker:
         self.num_trips += 1
         self.is_trial_in_flight = False
 
+    def end_cooldown(self, now: float | None = None) -> None:
+        """Move an open circuit to half-open now (e.g. the server restarted): one trial goes."""
+        now = time.monotonic() if now is None else now
+        if self.opened_until is not None and self.opened_until > now:
+            self.opened_until = now
+            self.is_trial_in_flight = False
+
     def release_trial(self) -> None:
         """A trial request ended without a verdict (e.g. the caller left): allow another."""
         self.is_trial_in_flight = False

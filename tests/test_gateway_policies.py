@@ -147,6 +147,12 @@ def test_circuit_breaker_opens_half_opens_and_closes() -> None:
     breaker.on_request_sent(now=36)
     breaker.record_success()
     assert breaker.state(now=36) == "closed" and breaker.num_trips == 0
+    # A server back from down (restarted) gets its trial at once, not after the cooldown.
+    for second in range(3):
+        breaker.record_failure(now=40 + second)
+    assert breaker.state(now=43) == "open"
+    breaker.end_cooldown(now=43)
+    assert breaker.state(now=43) == "half_open" and breaker.allows_request(now=43)
 
 
 def test_lease_verdicts_drive_the_breaker() -> None:
