@@ -36,8 +36,10 @@ def test_shipped_config_loads() -> None:
     config = load_config(REPO_ROOT / "configs" / "client_config.json", ClientConfig)
     assert config.static_batching_server_urls == ["http://127.0.0.1:8002"]
     assert config.continuous_batching_server_urls == ["http://127.0.0.1:8001"]
-    assert config.openai_jumper_configs == []
+    # The seed's template entry: a placeholder key, so disabled until a real key is put in.
+    assert len(config.openai_jumper_configs) == 1 and config.enabled_jumpers == []
     assert config.heart_beat_interval_seconds == 10
+    assert config.api_keys == []  # callers need no key by default (bound to 127.0.0.1)
 
 
 def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
