@@ -97,6 +97,10 @@ class Backend:
         """True when this backend speaks the API path (our servers speak all of ours)."""
         return True
 
+    def translates(self, path: str) -> bool:
+        """True when requests on ``path`` must be translated for this backend (jumpers)."""
+        return False
+
     def upstream_model(self, model: str | None) -> str | None:
         """The model id to send upstream for the gateway's ``model`` (same id here)."""
         return model

@@ -19,8 +19,10 @@ from client.backends import Backend
 from client.config import OpenAIJumperConfig
 
 #: The OpenAI API paths a jumper forwards (our ``/v1/...`` path minus the ``/v1`` that the
-#: jumper's base URL already ends with). The native ``/generate`` has no upstream equivalent.
+#: jumper's base URL already ends with).
 JUMPER_PATHS = ("/v1/chat/completions", "/v1/completions")
+#: Paths a jumper answers through translation (``client.native_translation``).
+TRANSLATED_PATHS = ("/generate",)
 
 #: How long a key rests after the upstream refused it (401/403): a wrong or revoked key will
 #: not heal by itself, but a config reload replaces it without waiting.
@@ -62,8 +64,12 @@ class OpenAIJumper(Backend):
         return not self.model_ids or model in self.model_ids
 
     def supports(self, path: str) -> bool:
-        """Only the OpenAI endpoints go upstream."""
-        return path in JUMPER_PATHS
+        """The OpenAI endpoints, and the native one through translation."""
+        return path in JUMPER_PATHS or path in TRANSLATED_PATHS
+
+    def translates(self, path: str) -> bool:
+        """True when requests on ``path`` are translated to the OpenAI API and back."""
+        return path in TRANSLATED_PATHS
 
     def upstream_model(self, model: str | None) -> str | None:
         """The upstream's name for ``model`` (``model_map``), else the same name."""

@@ -30,6 +30,9 @@ class RequestInfo:
     route: Route = "auto"
     #: Requests with the same key belong to one conversation (see ``affinity_key_of``).
     affinity_key: str | None = None
+    #: Fields of the request that an OpenAI-compatible upstream cannot honour (it then never
+    #: goes to a jumper).
+    upstream_unsupported: tuple[str, ...] = ()
 
 
 class BalancingPolicy(abc.ABC):

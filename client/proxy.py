@@ -33,9 +33,11 @@ from client.backends import Backend, InFlightLease
 from client.config import ClientConfig
 from client.jumpers import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
+from client.native_translation import StreamTranslator, answer_from_openai, to_openai
 from client.policies import RequestInfo
 from client.routing import Router
 from client.stream_relay import StreamRelay, returned_headers
+from protocol.generation import GenerateRequest
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -60,6 +62,8 @@ class ForwardRequest:
     path: str
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    #: The parsed native request (``/generate``), for backends that need it translated.
+    native: GenerateRequest | None = None
     received_at: float = field(default_factory=time.monotonic)
 
 
@@ -173,12 +177,11 @@ class Proxy:
         headers = {"content-type": "application/json", **request.headers}
         headers.update(backend.request_headers())
         client = self.local_client if backend.is_local else self.upstream_client
+        path, body = request.path, self._body_for(backend, request)
+        if backend.translates(request.path) and request.native is not None:
+            path, body = to_openai(request.native, backend.upstream_model(request.info.model))
         upstream_request = client.build_request(
-            "POST",
-            backend.url_for(request.path),
-            content=self._body_for(backend, request),
-            headers=headers,
-            timeout=self._timeout(),
+            "POST", backend.url_for(path), content=body, headers=headers, timeout=self._timeout()
         )
         try:
             return await client.send(upstream_request, stream=True)
@@ -305,6 +308,8 @@ class Proxy:
         lease.release(is_failure=False)
         self._observe(backend, request, "ok")
         self.metrics.observe_request(request.info.endpoint, "ok", request)
+        if backend.translates(request.path):
+            body = answer_from_openai(body, request.info.model)
         return Response(
             body,
             status_code=response.status_code,
@@ -321,8 +326,17 @@ class Proxy:
     ) -> Response:
         """Prime the stream (read its first chunk), then relay the rest as it comes."""
         chunks: AsyncIterator[bytes] = response.aiter_bytes()
+        translate = None
+        if backend.translates(request.path):
+            translate = StreamTranslator(request.info.model).feed
         try:
-            first_chunk = await anext(chunks, b"")
+            # A translated stream's first upstream chunk may hold no complete event yet: read
+            # until there is something to send, so the priming really covers the first byte.
+            first_chunk = b""
+            async for chunk in chunks:
+                first_chunk = translate(chunk) if translate else chunk
+                if first_chunk:
+                    break
         except httpx.HTTPError as exc:
             lease.release(is_failure=True)
             raise self._transport_failure(backend, request, exc) from None
@@ -337,7 +351,7 @@ class Proxy:
             self._observe(backend, request, outcome)
             self.metrics.observe_request(request.info.endpoint, outcome, request)
 
-        return StreamRelay(response, first_chunk, chunks, on_close)
+        return StreamRelay(response, first_chunk, chunks, on_close, translate)
 
     def _observe(self, backend: Backend, request: ForwardRequest, outcome: Outcome) -> None:
         self.metrics.observe_attempt(backend, request.info.endpoint, outcome, request)

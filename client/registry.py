@@ -187,18 +187,21 @@ class BackendRegistry:
         path: str,
         exclude: Collection[Backend] = (),
         route: Route = "auto",
+        is_upstream_compatible: bool = True,
     ) -> list[Backend]:
         """Backends that can take a request for ``model`` on ``path`` now, best tier only.
 
         Tiers: CB servers, then SB servers, then (unless ``route`` is ``local``) the jumpers;
         a lower tier is used only when no backend of a higher one can take the request.
-        ``exclude`` drops backends already tried for this request (failover).
+        ``exclude`` drops backends already tried for this request (failover); a request that
+        is not ``is_upstream_compatible`` never goes to a jumper.
         """
         eligible = [
             backend
             for backend in self.healthy()
             if backend not in exclude
             and backend.supports(path)
+            and (backend.is_local or is_upstream_compatible)
             and (route == "auto" or backend.is_local == (route == "local"))
             and (model is None or backend.serves(model))
         ]

@@ -35,11 +35,13 @@ class Router:
         ``exclude`` lists backends already tried for this request (failover).
         """
         model = info.model or None
-        candidates = self.registry.candidates(model, info.endpoint, exclude, info.route)
+        is_compatible = not info.upstream_unsupported
+        args = (model, info.endpoint, exclude, info.route, is_compatible)
+        candidates = self.registry.candidates(*args)
         if not candidates or (not candidates[0].is_local and info.route == "auto"):
             # Before falling back upstream (or giving up), make sure no local server came back.
             await self.registry.refresh_if_stale()
-            candidates = self.registry.candidates(model, info.endpoint, exclude, info.route)
+            candidates = self.registry.candidates(*args)
         if not candidates:
             raise self._no_candidate_error(info, exclude)
         policy = self.policy if candidates[0].is_local else self.key_policy
@@ -65,10 +67,11 @@ class Router:
                 f"({num_configured} configured, none available)",
                 RETRY_AFTER_SECONDS,
             )
-        if not any(backend.supports(info.endpoint) for backend in healthy):
+        if info.upstream_unsupported and all(not backend.is_local for backend in healthy):
+            fields = ", ".join(info.upstream_unsupported)
             return overloaded(
-                f"no available server speaks {info.endpoint} right now (OpenAI jumpers take "
-                "only /v1/chat/completions and /v1/completions)",
+                f"no local server can take the request right now, and it cannot go to an "
+                f"OpenAI-compatible upstream because it uses {fields}",
                 RETRY_AFTER_SECONDS,
             )
         if model is None or exclude or model in registry.model_ids(is_healthy_only=False):

@@ -36,7 +36,8 @@ class StreamRelay(StreamingResponse):
     then drops the upstream connection, which is how the server learns to abort the request.
     A stream that breaks after the first chunk ends with an error event in the error shape
     (the ``openai`` SDK raises on an event carrying ``"error"``): bytes already reached the
-    caller, so it is never retried. ``on_close`` runs exactly once with the outcome, whether
+    caller, so it is never retried. ``translate`` rewrites each upstream chunk (a jumper
+    answering a native request). ``on_close`` runs exactly once with the outcome, whether
     the stream ended, broke or was abandoned.
     """
 
@@ -46,8 +47,10 @@ class StreamRelay(StreamingResponse):
         first_chunk: bytes,
         chunks: AsyncIterator[bytes],
         on_close: Callable[[Outcome], None],
+        translate: Callable[[bytes], bytes] | None = None,
     ) -> None:
         self._upstream = upstream
+        self._translate = translate
         self._first_chunk = first_chunk
         self._chunks = chunks
         self._on_close = on_close
@@ -66,7 +69,9 @@ class StreamRelay(StreamingResponse):
             if self._first_chunk:
                 yield self._first_chunk
             async for chunk in self._chunks:
-                yield chunk
+                out = self._translate(chunk) if self._translate else chunk
+                if out:
+                    yield out
         except httpx.HTTPError as exc:
             is_timeout = isinstance(exc, httpx.TimeoutException)
             self._outcome = "timeout" if is_timeout else "upstream_broken"

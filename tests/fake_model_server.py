@@ -103,7 +103,7 @@ def _payloads(path: str, body: dict[str, Any], settings: FakeServerSettings) -> 
             chunk = {"id": request_id, "object": "chat.completion.chunk", "created": 1}
             chunk.update(model=model, choices=[choice])
         chunks.append(chunk)
-    if path == "/v1/chat/completions" and (body.get("stream_options") or {}).get("include_usage"):
+    if path != "/generate" and (body.get("stream_options") or {}).get("include_usage"):
         chunks.append({**chunks[-1], "choices": [], "usage": usage})
     return chunks
 

@@ -3,6 +3,7 @@ routes, model mapping, key rotation on 429, refused keys, and keys that never le
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +21,14 @@ from servers import ServerThread as RealServerThread
 from test_gateway_routing import _metric
 
 KEYS = ["sk-jumper-one-0123456789abcdef", "sk-jumper-two-0123456789abcdef"]
+NATIVE_CONFIG = {
+    "max_new_tokens": 5,
+    "do_sample": True,
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "stop": ["\n\n"],
+    "seed": 3,
+}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -93,12 +102,37 @@ def test_fallback_when_no_local_server_can_take_the_request(setup: Setup) -> Non
     # knew A was down.
     assert _metric(metrics, 'gateway_fallbacks_total{reason="local_failed"}') == 1
     assert _metric(metrics, 'gateway_fallbacks_total{reason="no_local_server"}') == 1
-    # The native API has no upstream equivalent: a clear 503, not a wrong answer.
-    response = setup.gateway.http.post("/generate", json={"model": "m", "prompt": "hi"})
-    assert (
-        response.status_code == 503
-        and "/v1/chat/completions" in response.json()["error"]["message"]
-    )
+    # The native API is translated: messages -> chat completion, prompt -> completion.
+    native = {"model": "m", "messages": CHAT["messages"], "generation_config": NATIVE_CONFIG}
+    response = setup.gateway.http.post("/generate", json=native)
+    assert response.status_code == 200, response.text
+    answer = response.json()
+    assert answer["model"] == "m" and answer["usage"]["completion_tokens"] == 3
+    assert answer["choices"] == [{"index": 0, "text": "[U] w1 w2", "finish_reason": "length"}]
+    path, body = setup.upstream.requests[-1]
+    assert path == "/v1/chat/completions"
+    assert body == {
+        "model": "gpt-up",
+        "messages": CHAT["messages"],
+        "max_tokens": 5,
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "stop": ["\n\n"],
+        "seed": 3,
+    }
+    stream = {"model": "m", "prompt": "hi", "stream": True}
+    response = setup.gateway.http.post("/generate", json=stream)
+    events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == "[U] w1 w2"
+    assert chunks[-1]["usage"]["total_tokens"] == 5
+    assert setup.upstream.requests[-1][0] == "/v1/completions"
+    # What the OpenAI API cannot do is never sent there: a clear 503, not a different answer.
+    beams = {"model": "m", "prompt": "hi", "generation_config": {"num_beams": 2}}
+    response = setup.gateway.http.post("/generate", json=beams)
+    assert response.status_code == 503
+    assert "generation_config.num_beams" in response.json()["error"]["message"]
     # Routed "local" only: nothing local is up.
     assert setup.chat(**{"x-llm-route": "local"})[0] == 503
 

@@ -3,6 +3,7 @@ jumper keys, affinity keys, caller auth and config re-application."""
 
 from __future__ import annotations
 
+import json
 import random
 from collections import Counter
 
@@ -14,6 +15,12 @@ from client.backends import Backend, InFlightLease
 from client.circuit_breaker import CircuitBreaker
 from client.config import ClientConfig, OpenAIJumperConfig
 from client.jumpers import OpenAIJumper
+from client.native_translation import (
+    StreamTranslator,
+    answer_from_openai,
+    to_openai,
+    upstream_unsupported_fields,
+)
 from client.policies import (
     LeastRecentlyUsedKey,
     PowerOfTwoChoices,
@@ -23,6 +30,7 @@ from client.policies import (
     affinity_key_of,
 )
 from client.registry import BackendRegistry
+from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from protocol.openai_api import ChatMessage
 from utils.errors import APIError
@@ -191,7 +199,8 @@ def test_jumper_maps_models_paths_and_hides_its_key() -> None:
     assert jumper.serves("local") and jumper.serves("gpt-x") and not jumper.serves("other")
     assert jumper.upstream_model("local") == "gpt-y" and jumper.upstream_model("gpt-x") == "gpt-x"
     assert jumper.url_for("/v1/chat/completions") == "http://up:1/v1/chat/completions"
-    assert jumper.supports("/v1/completions") and not jumper.supports("/generate")
+    assert jumper.supports("/v1/completions") and not jumper.translates("/v1/completions")
+    assert jumper.supports("/generate") and jumper.translates("/generate")
     assert jumper.request_headers()["authorization"] == "Bearer sk-secret-123456789"
     assert "secret" not in jumper.name and "secret" not in jumper.status().model_dump_json()
     assert jumper.scrub("bad key sk-secret-123456789!") == "bad key ***!"
@@ -204,7 +213,9 @@ def test_registry_prefers_local_and_picks_least_recently_used_key() -> None:
     registry = BackendRegistry([local, *keys])
     path = "/v1/chat/completions"
     assert registry.candidates("m", path) == [local]
-    assert registry.candidates("m", "/generate", route="openai") == []
+    assert registry.candidates("m", "/generate", route="openai") == keys  # translated
+    # ... unless the request uses what the OpenAI API lacks.
+    assert registry.candidates("m", path, route="openai", is_upstream_compatible=False) == []
     assert registry.candidates("m", path, route="openai") == keys
     local.is_healthy = False
     assert registry.candidates("m", path) == keys  # the fallback tier
@@ -260,3 +271,67 @@ def test_check_caller() -> None:
         assert excinfo.value.status_code == 401
         assert "wrong-key-999" not in excinfo.value.message
         assert excinfo.value.headers["WWW-Authenticate"] == "Bearer"
+
+
+# -- native requests through a jumper ---------------------------------------------------------
+
+
+def test_native_request_translation_and_unsupported_fields() -> None:
+    request = GenerateRequest.model_validate(
+        {"prompt": "hi", "generation_config": {"num_beams": 2, "top_k": 5, "ignore_eos": True}}
+    )
+    assert upstream_unsupported_fields(request) == (
+        "generation_config.num_beams",
+        "generation_config.top_k",
+        "generation_config.ignore_eos",
+    )
+    greedy = GenerateRequest.model_validate({"prompt": "hi", "stream": True})
+    assert upstream_unsupported_fields(greedy) == ()
+    path, body = to_openai(greedy, "gpt-y")
+    assert path == "/v1/completions"
+    assert json.loads(body) == {
+        "model": "gpt-y",
+        "prompt": "hi",
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    chat = json.dumps(
+        {
+            "id": "c1",
+            "model": "gpt-y",
+            "choices": [
+                {"index": 0, "message": {"content": "Paris."}, "finish_reason": "content_filter"}
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5},
+        }
+    ).encode()
+    answer = json.loads(answer_from_openai(chat, "smol"))
+    assert answer["model"] == "smol"
+    assert answer["choices"] == [{"index": 0, "text": "Paris.", "finish_reason": "stop"}]
+
+
+def test_stream_translation_survives_any_chunking() -> None:
+    events = [
+        {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}}]},
+        {"id": "c", "choices": [{"index": 0, "delta": {"content": "Pa"}}]},
+        {
+            "id": "c",
+            "choices": [{"index": 0, "delta": {"content": "ris"}, "finish_reason": "stop"}],
+        },
+        {"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 2}},
+    ]
+    upstream = b"".join(f"data: {json.dumps(e)}\r\n\r\n".encode() for e in events)
+    upstream += b": keep-alive\n\ndata: [DONE]\n\n"
+    expected = StreamTranslator("m").feed(upstream)
+    lines = [line for line in expected.decode().splitlines() if line]
+    assert lines[-1] == "data: [DONE]" and len(lines) == 4  # the role-only event is dropped
+    assert json.loads(lines[0][6:]) == {
+        "id": "c",
+        "model": "m",
+        "choices": [{"index": 0, "text": "Pa", "finish_reason": None}],
+    }
+    for size in (1, 2, 7, 50):
+        translator = StreamTranslator("m")
+        pieces = [upstream[i : i + size] for i in range(0, len(upstream), size)]
+        assert b"".join(translator.feed(piece) for piece in pieces) == expected
