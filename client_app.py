@@ -35,6 +35,7 @@ from pydantic import ValidationError
 from client.auth import check_caller
 from client.config import ClientConfig
 from client.gateway import BackendTable, Gateway, GatewayHealth
+from client.native_translation import upstream_unsupported_fields
 from client.policies import RequestInfo, affinity_key_of
 from client.proxy import FORWARDED_REQUEST_HEADERS, ForwardRequest
 from client.registry import Route
@@ -138,15 +139,18 @@ async def _forward(request: Request, endpoint: str, schema: type[RequestT]) -> R
         getattr(parsed, "prompt", None),
         getattr(parsed, "messages", None),
     )
+    native = parsed if isinstance(parsed, GenerateRequest) else None
     info = RequestInfo(
         endpoint=endpoint,
         model=parsed.model or None,
         is_stream=parsed.stream,
         route=route,
         affinity_key=affinity_key,
+        upstream_unsupported=upstream_unsupported_fields(native) if native else (),
     )
     forward_request = ForwardRequest(
         info=info,
+        native=native,
         path=endpoint,
         body=body,
         headers=headers,
