@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -78,6 +79,8 @@ class Backend:
     last_checked_at: float | None = None
     num_requests: int = 0
     num_failures: int = 0
+    #: Callbacks that abandon the attempts still waiting for this server's first byte.
+    waiting_attempts: set[Callable[[], None]] = field(default_factory=set)
 
     @property
     def name(self) -> str:
@@ -138,10 +141,19 @@ class Backend:
         self._set_down(error)
 
     def record_failed_heartbeat(self, error: str) -> None:
-        """A health check failed; the server is down after enough of them in a row."""
+        """A health check failed; the server is down after enough of them in a row.
+
+        Going down this way (the server stopped answering, e.g. hung) also abandons the
+        requests waiting there for their first byte, so that they are retried elsewhere
+        instead of waiting out the read timeout.
+        """
         self.num_consecutive_failures += 1
         if self.num_consecutive_failures >= self.num_failures_to_mark_down:
+            was_healthy = self.is_healthy
             self._set_down(error)
+            if was_healthy:
+                for abandon in list(self.waiting_attempts):
+                    abandon()
         else:
             self.last_error = error
             self.last_checked_at = time.monotonic()
@@ -281,6 +293,8 @@ class InFlightLease:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.is_released = False
+        #: Set when the backend was marked down while this request waited there.
+        self.is_abandoned = False
         backend.num_in_flight += 1
         backend.breaker.on_request_sent()
         backend.on_request_sent()

@@ -33,10 +33,13 @@ Outcome = Literal[
     "cancelled",  # the caller went away before the answer ended
     "rejected",  # refused by the gateway itself (bad body, unknown model, no server)
     "failed_over",  # every backend tried failed; the caller got the last failure
+    "abandoned",  # the backend was marked down while the attempt waited for its first byte
 ]
 
 #: Why an attempt was retried on another backend.
-RetryReason = Literal["unreachable", "upstream_broken", "overloaded", "server_error", "key_refused"]
+RetryReason = Literal[
+    "unreachable", "upstream_broken", "overloaded", "server_error", "key_refused", "abandoned"
+]
 #: Why a request went to an OpenAI jumper although its route was "auto".
 FallbackReason = Literal["no_local_server", "local_failed"]
 

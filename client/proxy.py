@@ -150,15 +150,46 @@ class Proxy:
     async def _attempt(
         self, backend: Backend, lease: InFlightLease, request: ForwardRequest
     ) -> Response:
-        """Send ``request`` to ``backend``; raises :class:`_Retryable` if another may try."""
+        """Send ``request`` to ``backend``; raises :class:`_Retryable` if another may try.
+
+        Until its first byte, the attempt runs as a task of its own that the backend can
+        abandon when its heartbeats declare it down (a hung server: connections accepted,
+        nothing answered); the request is then retried elsewhere.
+        """
+        task = asyncio.ensure_future(self._attempt_task(backend, lease, request))
+        is_abandoned = False
+
+        def abandon() -> None:
+            nonlocal is_abandoned
+            is_abandoned = lease.is_abandoned = True
+            task.cancel()
+
+        backend.waiting_attempts.add(abandon)
+        try:
+            return await task
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if not is_abandoned or (current is not None and current.cancelling()):
+                raise  # the caller went away
+            logger.warning("abandoned %s on %s: it was marked down", request.path, backend.name)
+            self._observe(backend, request, "abandoned")
+            error = APIError(
+                503, "the model server stopped answering", headers={"Retry-After": "1"}
+            )
+            raise _Retryable("abandoned", error.to_json_response()) from None
+        finally:
+            backend.waiting_attempts.discard(abandon)
+
+    async def _attempt_task(
+        self, backend: Backend, lease: InFlightLease, request: ForwardRequest
+    ) -> Response:
         try:
             response = await self._send(backend, request)
         except _Retryable:
             lease.release(is_failure=True)
             raise
         except BaseException:
-            lease.release()
-            self._observe(backend, request, "cancelled")
+            self._cancelled(backend, lease, request)
             raise
         try:
             if response.status_code >= 400:
@@ -299,8 +330,7 @@ class Proxy:
             lease.release(is_failure=True)
             raise self._transport_failure(backend, request, exc) from None
         except BaseException:
-            lease.release()
-            self._observe(backend, request, "cancelled")
+            self._cancelled(backend, lease, request)
             raise
         finally:
             # Closing before the answer is complete drops the connection: the server aborts.
@@ -341,8 +371,7 @@ class Proxy:
             lease.release(is_failure=True)
             raise self._transport_failure(backend, request, exc) from None
         except BaseException:
-            lease.release()
-            self._observe(backend, request, "cancelled")
+            self._cancelled(backend, lease, request)
             raise
 
         def on_close(outcome: Outcome) -> None:
@@ -352,6 +381,16 @@ class Proxy:
             self.metrics.observe_request(request.info.endpoint, outcome, request)
 
         return StreamRelay(response, first_chunk, chunks, on_close, translate)
+
+    def _cancelled(self, backend: Backend, lease: InFlightLease, request: ForwardRequest) -> None:
+        """An attempt was cancelled: the caller went away, or the backend was marked down
+        while the attempt waited (abandoned: a failure of the backend)."""
+        if lease.is_abandoned:
+            lease.release(is_failure=True)
+            self._observe(backend, request, "abandoned")
+        else:
+            lease.release()
+            self._observe(backend, request, "cancelled")
 
     def _observe(self, backend: Backend, request: ForwardRequest, outcome: Outcome) -> None:
         self.metrics.observe_attempt(backend, request.info.endpoint, outcome, request)

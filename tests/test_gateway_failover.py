@@ -255,3 +255,35 @@ def test_config_reload_adds_and_removes_servers_without_dropping_requests(tmp_pa
         assert gateway.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     finally:
         stop_all(gateway, *servers)
+
+
+def test_hung_server_requests_are_abandoned_and_retried_when_it_is_marked_down(
+    pair: Callable,
+) -> None:
+    """A hung server accepts connections and never answers; the read timeout is long (60 s
+    here), but once heartbeats mark it down its waiting requests go elsewhere."""
+    interval = 0.2
+    gateway, (a, b) = pair(
+        balancing_policy="round_robin",
+        heart_beat_interval_seconds=interval,
+        request_timeout_seconds=60,
+    )
+    a.answer_gate = threading.Event()  # A never answers
+    results: list[httpx.Response] = []
+
+    def call() -> None:
+        results.append(httpx.post(f"{gateway.url}/v1/chat/completions", json=CHAT, timeout=30))
+
+    thread = threading.Thread(target=call)
+    started = time.monotonic()
+    thread.start()
+    _wait_for(lambda: len(a.requests) == 1, 5, "the request to reach A")
+    a.is_health_failing = True  # ... and its heartbeats fail
+    thread.join(30)
+    assert results and results[0].status_code == 200 and "[B]" in results[0].text
+    assert time.monotonic() - started < 30  # far from the 60 s read timeout (bounds a hang)
+    metrics = gateway.http.get("/metrics").text
+    url_a = gateway.http.get("/backends").json()["backends"][0]["url"]
+    sample = f'gateway_retries_total{{backend="{url_a}",reason="abandoned"}}'
+    assert _metric(metrics, sample) == 1
+    a.answer_gate.set()
