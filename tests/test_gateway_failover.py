@@ -4,6 +4,9 @@ heartbeat mark-down and mark-up, caller auth and config reload."""
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -16,6 +19,7 @@ import pytest
 from fake_model_server import (
     FakeServerSettings,
     ServerThread,
+    reserve_socket,
     start_fake_server,
     start_gateway,
     stop_all,
@@ -287,3 +291,39 @@ def test_hung_server_requests_are_abandoned_and_retried_when_it_is_marked_down(
     sample = f'gateway_retries_total{{backend="{url_a}",reason="abandoned"}}'
     assert _metric(metrics, sample) == 1
     a.answer_gate.set()
+
+
+def test_sighup_reloads_the_config_of_a_standalone_gateway(tmp_path: Path) -> None:
+    """``python client_app.py`` re-reads its config on SIGHUP (file watching off here)."""
+    servers = [start_fake_server(FakeServerSettings(model_id=m, name=m)) for m in ("x", "y")]
+    config_path = tmp_path / "client_config.json"
+    base = {"config_watch_interval_seconds": 0, "heart_beat_interval_seconds": 60}
+    config_path.write_text(json.dumps({**base, "static_batching_server_urls": [servers[0].url]}))
+    sock = reserve_socket()
+    port = sock.getsockname()[1]
+    sock.close()
+    repo = Path(__file__).resolve().parents[1]
+    command = [sys.executable, "client_app.py", "--config", str(config_path), "--port", str(port)]
+    process = subprocess.Popen(command, cwd=repo, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+
+    def models() -> list[str]:
+        try:
+            return [card["id"] for card in httpx.get(f"{url}/v1/models").json()["data"]]
+        except httpx.HTTPError:
+            return []
+
+    try:
+        _wait_for(lambda: models() == ["x"], 30, "the gateway to start")
+        config_path.write_text(
+            json.dumps({**base, "static_batching_server_urls": [s.url for s in servers]})
+        )
+        time.sleep(0.2)
+        assert models() == ["x"]  # no watching: nothing changes by itself
+        process.send_signal(signal.SIGHUP)
+        _wait_for(lambda: models() == ["x", "y"], 10, "the reload")
+        assert process.poll() is None  # reloaded, not restarted or stopped
+    finally:
+        process.terminate()
+        process.wait(10)
+        stop_all(*servers)
