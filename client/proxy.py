@@ -172,7 +172,6 @@ class Proxy:
             if not is_abandoned or (current is not None and current.cancelling()):
                 raise  # the caller went away
             logger.warning("abandoned %s on %s: it was marked down", request.path, backend.name)
-            self._observe(backend, request, "abandoned")
             error = APIError(
                 503, "the model server stopped answering", headers={"Retry-After": "1"}
             )
@@ -198,8 +197,10 @@ class Proxy:
                 return await self._stream_answer(backend, lease, request, response)
             return await self._json_answer(backend, lease, request, response)
         except BaseException:
-            # Whatever path failed, it has released the lease; make sure the connection goes
-            # (shielded: this also runs when the caller's task is being cancelled).
+            if not lease.is_released:  # cancelled (or a bug) where no verdict was given
+                self._cancelled(backend, lease, request)
+            # Make sure the connection goes (shielded: this also runs when the caller's task
+            # is being cancelled).
             with anyio.CancelScope(shield=True):
                 await response.aclose()
             raise

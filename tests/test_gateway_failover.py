@@ -26,6 +26,7 @@ from fake_model_server import (
 )
 from test_gateway_routing import _metric
 
+CHAT_PATH = "/v1/chat/completions"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
@@ -290,6 +291,10 @@ def test_hung_server_requests_are_abandoned_and_retried_when_it_is_marked_down(
     url_a = gateway.http.get("/backends").json()["backends"][0]["url"]
     sample = f'gateway_retries_total{{backend="{url_a}",reason="abandoned"}}'
     assert _metric(metrics, sample) == 1
+    attempts = f'gateway_requests_total{{backend="{url_a}",endpoint="{CHAT_PATH}",outcome='
+    assert _metric(metrics, attempts + '"abandoned"}') == 1
+    assert _metric(metrics, attempts + '"cancelled"}') == 0
+    assert gateway.http.get("/backends").json()["backends"][0]["num_in_flight"] == 0
     a.answer_gate.set()
 
 
