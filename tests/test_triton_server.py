@@ -1,0 +1,131 @@
+"""A real Triton Inference Server (PyTriton + transformers) answering Triton's generate API.
+
+This is the server the gateway's Triton backends are tested against, so these tests pin down
+what Triton itself answers: the JSON of ``generate``, the events of ``generate_stream``, the
+error shape and the ready endpoints, and that :mod:`protocol.triton` reads and writes them.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from triton_server import TritonServer, start_triton_server
+
+from protocol.generation import GenerateRequest
+from protocol.triton import TritonErrorResponse, TritonGenerateRequest, TritonGenerateResponse
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def triton(
+    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonServer]:
+    """The PyTriton server over the default model, raw prompts (as TensorRT-LLM takes them)."""
+    server = start_triton_server(default_model_path, tmp_path_factory.mktemp("triton"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def chat_prompt(default_model_path: Path) -> str:
+    """The question rendered with the model's chat template: Triton applies none itself."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
+    )
+
+
+def _events(response: httpx.Response) -> list[dict]:
+    """The JSON payloads of a Server-Sent Events answer."""
+    return [json.loads(line[6:]) for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_ready_endpoints(triton: TritonServer) -> None:
+    assert httpx.get(f"{triton.url}/v2/health/live").status_code == 200
+    assert httpx.get(f"{triton.url}/v2/health/ready").status_code == 200
+    assert httpx.get(triton.model_url("ready")).status_code == 200
+    missing = httpx.get(f"{triton.url}/v2/models/no-such-model/ready")
+    assert missing.status_code == 400  # Triton's answer for an unknown model's readiness
+
+
+def test_generate_greedy_answers_paris(triton: TritonServer, chat_prompt: str) -> None:
+    body = {"text_input": chat_prompt, "max_tokens": 16}
+    response = httpx.post(triton.model_url("generate"), json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    payload = response.json()
+    assert set(payload) == {"model_name", "model_version", "text_output"}
+    answer = TritonGenerateResponse.model_validate(payload)
+    assert (answer.model_name, answer.model_version) == ("ensemble", "1")
+    assert "Paris" in answer.text_output
+
+
+def test_generate_stream_sends_deltas_that_add_up(triton: TritonServer, chat_prompt: str) -> None:
+    body = {"text_input": chat_prompt, "max_tokens": 16}
+    whole = httpx.post(triton.model_url("generate"), json=body, timeout=120).json()
+    with httpx.stream(
+        "POST", triton.model_url("generate_stream"), json={**body, "stream": True}, timeout=120
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"].startswith("text/event-stream")
+        events = _events(response)
+    assert len(events) > 1  # one event per piece of text, no [DONE] marker
+    pieces = [TritonGenerateResponse.model_validate(event) for event in events]
+    assert "".join(p.text_output for p in pieces) == whole["text_output"]
+
+
+def test_round_trip_through_the_protocol(triton: TritonServer, chat_prompt: str) -> None:
+    """A native request sent as Triton JSON; Triton's answer read back into texts."""
+    native = GenerateRequest(
+        prompt=chat_prompt, generation_config={"max_new_tokens": 16, "stop": [" Paris"]}
+    )
+    request = TritonGenerateRequest.from_generate_request(
+        native, chat_prompt, default_max_tokens=64
+    )
+    response = httpx.post(triton.model_url("generate"), json=request.to_triton_json(), timeout=120)
+    assert response.status_code == 200, response.text
+    (text,) = TritonGenerateResponse.model_validate(response.json()).texts()
+    assert text == "The capital of France is"  # cut before the stop word
+
+
+def test_beam_search_returns_every_beam(triton: TritonServer, chat_prompt: str) -> None:
+    body = {"text_input": chat_prompt, "max_tokens": 8, "beam_width": 2}
+    response = httpx.post(triton.model_url("generate"), json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert len(TritonGenerateResponse.model_validate(response.json()).texts()) == 2
+
+
+def test_errors_have_triton_shape(triton: TritonServer, chat_prompt: str) -> None:
+    refused = httpx.post(
+        triton.model_url("generate"), json={"text_input": chat_prompt, "max_tokens": 0}
+    )
+    assert refused.status_code == 400
+    assert "max_tokens" in TritonErrorResponse.model_validate(refused.json()).error
+
+    missing = httpx.post(triton.model_url("generate"), json={"text_input": chat_prompt})
+    assert missing.status_code == 400
+    assert "missing required input(s) ['max_tokens']" in missing.json()["error"]
+
+    unknown = httpx.post(
+        f"{triton.url}/v2/models/no-such-model/generate", json={"text_input": "x", "max_tokens": 1}
+    )
+    assert unknown.status_code == 404
+    assert "unknown model" in unknown.json()["error"]
+
+    # A streaming request refused before its first response: status 400, the error as an event.
+    with httpx.stream(
+        "POST",
+        triton.model_url("generate_stream"),
+        json={"text_input": chat_prompt, "max_tokens": 4, "presence_penalty": 0.5, "stream": True},
+    ) as stream:
+        assert stream.status_code == 400
+        (event,) = _events(stream)
+    assert "presence_penalty" in TritonErrorResponse.model_validate(event).error
