@@ -8,7 +8,9 @@ error shape and the ready endpoints, and that :mod:`protocol.triton` reads and w
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -80,6 +82,36 @@ def test_generate_stream_sends_deltas_that_add_up(triton: TritonServer, chat_pro
     assert len(events) > 1  # one event per piece of text, no [DONE] marker
     pieces = [TritonGenerateResponse.model_validate(event) for event in events]
     assert "".join(p.text_output for p in pieces) == whole["text_output"]
+
+
+def test_a_request_arriving_mid_stream_waits_its_turn(
+    triton: TritonServer, chat_prompt: str
+) -> None:
+    """PyTriton runs every request on one event loop: a blocking callable used to deadlock here."""
+    first_event = []
+
+    def stream() -> str:
+        body = {"text_input": chat_prompt, "max_tokens": 16, "stream": True}
+        with httpx.stream("POST", triton.model_url("generate_stream"), json=body, timeout=60) as r:
+            texts = []
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    texts.append(json.loads(line[6:])["text_output"])
+                    first_event.append(True)
+            return "".join(texts)
+
+    def generate() -> str:
+        body = {"text_input": chat_prompt, "max_tokens": 16}
+        return httpx.post(triton.model_url("generate"), json=body, timeout=60).json()["text_output"]
+
+    with ThreadPoolExecutor(2) as pool:
+        streamed = pool.submit(stream)
+        deadline = time.monotonic() + 60
+        while not first_event and time.monotonic() < deadline:
+            time.sleep(0.01)
+        answered = pool.submit(generate)
+        assert "Paris" in streamed.result(timeout=90)
+        assert "Paris" in answered.result(timeout=90)
 
 
 def test_round_trip_through_the_protocol(triton: TritonServer, chat_prompt: str) -> None:

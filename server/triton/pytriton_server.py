@@ -33,13 +33,14 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
 import sys
 import sysconfig
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -217,7 +218,7 @@ def _held_back(text: str, stop_words: list[str]) -> int:
 
 
 class Generator:
-    """The model, its tokenizer and one lock: PyTriton hands requests over one at a time."""
+    """The model and its tokenizer; not thread-safe: ``make_infer_func`` runs one at a time."""
 
     def __init__(self, model_dir: Path, dtype: str, chat_template: bool) -> None:
         import torch
@@ -228,7 +229,6 @@ class Generator:
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
         self.model.eval()
         self.chat_template = chat_template
-        self._lock = threading.Lock()
 
     def _input_ids(self, prompt: str) -> Any:
         if self.chat_template:
@@ -244,7 +244,7 @@ class Generator:
 
     def texts(self, decoding: Decoding) -> list[str]:
         """Generate every sequence at once (beam search or a non-streaming request)."""
-        with self._lock, self._torch.inference_mode():
+        with self._torch.inference_mode():
             if decoding.seed is not None:
                 self._torch.manual_seed(decoding.seed)
             input_ids = self._input_ids(decoding.prompt)
@@ -270,58 +270,55 @@ class Generator:
             def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> bool:
                 return stop_event.is_set()
 
-        with self._lock:
-            streamer = TextIteratorStreamer(
-                self.tokenizer, skip_prompt=True, skip_special_tokens=True
-            )
-            input_ids = self._input_ids(decoding.prompt)
-            errors: list[BaseException] = []
+        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
+        input_ids = self._input_ids(decoding.prompt)
+        errors: list[BaseException] = []
 
-            def _run() -> None:
-                try:
-                    with self._torch.inference_mode():
-                        if decoding.seed is not None:
-                            self._torch.manual_seed(decoding.seed)
-                        self.model.generate(
-                            input_ids,
-                            attention_mask=self._torch.ones_like(input_ids),
-                            max_new_tokens=decoding.max_new_tokens,
-                            streamer=streamer,
-                            stopping_criteria=StoppingCriteriaList([_StopWhenAsked()]),
-                            **decoding.generate_kwargs,
-                        )
-                except BaseException as exc:  # handed to the consumer thread below
-                    errors.append(exc)
-                    streamer.end()
-
-            thread = threading.Thread(target=_run, daemon=True)
-            thread.start()
-            text, sent, exhausted = "", 0, False
+        def _run() -> None:
             try:
-                for piece in streamer:
-                    text += piece
-                    text, stopped = _cut_at_stop(text, decoding.stop_words)
-                    if stopped:
-                        break
-                    safe = len(text) - _held_back(text, decoding.stop_words)
-                    if safe > sent:
-                        yield text[sent:safe]
-                        sent = safe
-                else:
-                    exhausted = True
-                if len(text) > sent:
-                    yield text[sent:]
-            finally:
-                stop_event.set()
-                if not exhausted:
-                    # Left early (stop word, error, client gone): read the streamer to its end
-                    # so that generate() finishes. Its end marker comes once; reading past it
-                    # would block forever, hence the flag.
-                    for _ in streamer:
-                        pass
-                thread.join()
-            if errors:
-                raise errors[0]
+                with self._torch.inference_mode():
+                    if decoding.seed is not None:
+                        self._torch.manual_seed(decoding.seed)
+                    self.model.generate(
+                        input_ids,
+                        attention_mask=self._torch.ones_like(input_ids),
+                        max_new_tokens=decoding.max_new_tokens,
+                        streamer=streamer,
+                        stopping_criteria=StoppingCriteriaList([_StopWhenAsked()]),
+                        **decoding.generate_kwargs,
+                    )
+            except BaseException as exc:  # handed to the consumer thread below
+                errors.append(exc)
+                streamer.end()
+
+        thread = threading.Thread(target=_run, daemon=True)
+        thread.start()
+        text, sent, exhausted = "", 0, False
+        try:
+            for piece in streamer:
+                text += piece
+                text, stopped = _cut_at_stop(text, decoding.stop_words)
+                if stopped:
+                    break
+                safe = len(text) - _held_back(text, decoding.stop_words)
+                if safe > sent:
+                    yield text[sent:safe]
+                    sent = safe
+            else:
+                exhausted = True
+            if len(text) > sent:
+                yield text[sent:]
+        finally:
+            stop_event.set()
+            if not exhausted:
+                # Left early (stop word, error, client gone): read the streamer to its end
+                # so that generate() finishes. Its end marker comes once; reading past it
+                # would block forever, hence the flag.
+                for _ in streamer:
+                    pass
+            thread.join()
+        if errors:
+            raise errors[0]
 
 
 def _text_output(texts: list[str]) -> dict[str, np.ndarray]:
@@ -329,9 +326,17 @@ def _text_output(texts: list[str]) -> dict[str, np.ndarray]:
 
 
 def make_infer_func(generator: Generator) -> Any:
-    """The decoupled PyTriton inference callable: a generator of per-request responses."""
+    """The decoupled PyTriton inference callable: an async generator of per-request responses.
 
-    def infer(requests: list[Any]) -> Iterator[list[dict[str, np.ndarray]]]:
+    PyTriton drives every request's callable on one event loop thread. A plain generator would
+    block that loop while it waits for the model (between tokens too), so a second request
+    arriving mid-stream would block the loop waiting for the first, which then can never
+    resume: a deadlock seen here. So the model work runs in executor threads, and requests
+    take turns on an ``asyncio.Lock`` (one model, CPU bound: running them at once gains nothing).
+    """
+    turn = asyncio.Lock()
+
+    async def infer(requests: list[Any]) -> AsyncIterator[list[dict[str, np.ndarray]]]:
         # Without batching Triton hands over one request per call; refuse anything else loudly.
         if len(requests) != 1:
             raise RequestError(f"expected one request per call, got {len(requests)}")
@@ -341,15 +346,26 @@ def make_infer_func(generator: Generator) -> Any:
             raise
         except Exception as exc:  # malformed tensors: say what was wrong, not a traceback
             raise RequestError(f"bad request: {exc}") from None
-        try:
-            if decoding.stream:
-                for delta in generator.deltas(decoding):
-                    yield [_text_output([delta])]
-            else:
-                yield [_text_output(generator.texts(decoding))]
-        except Exception as exc:  # the model failed: one readable line, the stack goes to the log
-            LOGGER.exception("generation failed")
-            raise RequestError(f"generation failed: {type(exc).__name__}: {exc}") from None
+        loop = asyncio.get_running_loop()
+        async with turn:
+            try:
+                if decoding.stream:
+                    pieces = generator.deltas(decoding)
+                    try:
+                        # deltas() yields non-empty strings only, so None marks its end.
+                        while (
+                            delta := await loop.run_in_executor(None, next, pieces, None)
+                        ) is not None:
+                            yield [_text_output([delta])]
+                    finally:
+                        # Ends generation early when we leave before the text is complete.
+                        await loop.run_in_executor(None, pieces.close)
+                else:
+                    texts = await loop.run_in_executor(None, generator.texts, decoding)
+                    yield [_text_output(texts)]
+            except Exception as exc:  # the model failed: one readable line, the stack to the log
+                LOGGER.exception("generation failed")
+                raise RequestError(f"generation failed: {type(exc).__name__}: {exc}") from None
 
     return infer
 
