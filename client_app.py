@@ -36,9 +36,9 @@ from client.auth import check_caller
 from client.config import ClientConfig
 from client.gateway import BackendTable, Gateway, GatewayHealth
 from client.native_translation import upstream_unsupported_fields
-from client.policies import RequestInfo, affinity_key_of
+from client.policies import affinity_key_of
 from client.proxy import FORWARDED_REQUEST_HEADERS, ForwardRequest
-from client.registry import Route
+from client.requests import RequestInfo, Route
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
 from utils.config import ConfigError, load_config

@@ -13,6 +13,9 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from client.circuit_breaker import BreakerState, CircuitBreaker
+from client.requests import RequestInfo
+from client.translation import Translation
+from protocol.generation import GenerateRequest
 from protocol.health import HealthResponse, LoadReport
 from protocol.openai_api import ModelList
 
@@ -96,13 +99,15 @@ class Backend:
         """True when new requests may go here: healthy and the circuit lets traffic through."""
         return self.is_healthy and self.breaker.allows_request(now)
 
-    def supports(self, path: str) -> bool:
-        """True when this backend speaks the API path (our servers speak all of ours)."""
-        return True
+    def refusal(self, info: RequestInfo) -> str | None:
+        """Why this backend cannot take the request (None: it can; our servers take all)."""
+        return None
 
-    def translates(self, path: str) -> bool:
-        """True when requests on ``path`` must be translated for this backend (jumpers)."""
-        return False
+    def translation_for(
+        self, path: str, native: GenerateRequest | None, model: str | None
+    ) -> Translation | None:
+        """How to ask this backend for a request on ``path`` (None: forward it unchanged)."""
+        return None
 
     def upstream_model(self, model: str | None) -> str | None:
         """The model id to send upstream for the gateway's ``model`` (same id here)."""

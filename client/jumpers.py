@@ -17,6 +17,10 @@ import httpx
 
 from client.backends import Backend
 from client.config import OpenAIJumperConfig
+from client.native_translation import NativeToOpenAI
+from client.requests import RequestInfo
+from client.translation import Translation
+from protocol.generation import GenerateRequest
 
 #: The OpenAI API paths a jumper forwards (our ``/v1/...`` path minus the ``/v1`` that the
 #: jumper's base URL already ends with).
@@ -63,13 +67,25 @@ class OpenAIJumper(Backend):
         """True when the entry lists ``model`` (in ``models`` or ``model_map``), or lists none."""
         return not self.model_ids or model in self.model_ids
 
-    def supports(self, path: str) -> bool:
-        """The OpenAI endpoints, and the native one through translation."""
-        return path in JUMPER_PATHS or path in TRANSLATED_PATHS
+    def refusal(self, info: RequestInfo) -> str | None:
+        """The OpenAI endpoints go as they are, a native request through translation unless it
+        uses what the OpenAI API lacks; nothing else goes upstream."""
+        if info.endpoint in JUMPER_PATHS:
+            return None
+        if info.endpoint not in TRANSLATED_PATHS:
+            return f"OpenAI-compatible upstreams do not answer {info.endpoint}"
+        if info.upstream_unsupported:
+            fields = ", ".join(info.upstream_unsupported)
+            return f"OpenAI-compatible upstreams cannot honour {fields}"
+        return None
 
-    def translates(self, path: str) -> bool:
-        """True when requests on ``path`` are translated to the OpenAI API and back."""
-        return path in TRANSLATED_PATHS
+    def translation_for(
+        self, path: str, native: GenerateRequest | None, model: str | None
+    ) -> Translation | None:
+        """Native requests go through the OpenAI API; OpenAI requests go unchanged."""
+        if path in TRANSLATED_PATHS and native is not None:
+            return NativeToOpenAI(native, self.upstream_model(model), model)
+        return None
 
     def upstream_model(self, model: str | None) -> str | None:
         """The upstream's name for ``model`` (``model_map``), else the same name."""

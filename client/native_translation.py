@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from client.translation import StreamTranslator, Translation
 from protocol.generation import GenerateRequest, GenerationConfig
-from utils.sse import encode_done, encode_event
+from utils.sse import SSEDataSplitter, encode_done, encode_event
 
 #: Native generation fields the OpenAI API cannot honour, with the value that means "unused".
 _UPSTREAM_UNSUPPORTED: dict[str, object] = {
@@ -88,40 +89,28 @@ def answer_from_openai(body: bytes, model: str | None) -> bytes:
         "id": data.get("id", ""),
         "model": model or data.get("model", ""),
         "choices": [_native_choice(choice) for choice in data.get("choices", [])],
-        "usage": data.get("usage")
-        or {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "usage": data.get("usage") or dict.fromkeys(_USAGE_FIELDS, 0),
     }
     return json.dumps(answer).encode()
 
 
-class StreamTranslator:
+class OpenAIStreamTranslator(StreamTranslator):
     """Turns an OpenAI stream into native stream events, whatever the byte chunking."""
 
     def __init__(self, model: str | None) -> None:
         self.model = model
-        self._buffer = b""
+        self._splitter = SSEDataSplitter()
 
     def feed(self, data: bytes) -> bytes:
         """Native events for every complete upstream event in ``data`` (kept until complete)."""
-        # Normalised on the whole buffer: a CRLF may be split across two chunks.
-        self._buffer = (self._buffer + data).replace(b"\r\n", b"\n")
-        out: list[bytes] = []
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            out.extend(self._translate(event))
-        return b"".join(out)
+        return b"".join(self._translate(payload) for payload in self._splitter.feed(data))
 
-    def _translate(self, event: bytes) -> list[bytes]:
-        payload = b"".join(
-            line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")
-        )
-        if not payload:
-            return []  # comments and keep-alives
-        if payload == b"[DONE]":
-            return [encode_done()]
+    def _translate(self, payload: bytes) -> bytes:
+        if payload.strip() == b"[DONE]":
+            return encode_done()
         data = json.loads(payload)
         if "error" in data:
-            return [encode_event(data)]
+            return encode_event(data)
         choices = [
             _native_choice(choice)
             for choice in data.get("choices", [])
@@ -129,7 +118,7 @@ class StreamTranslator:
         ]
         usage = data.get("usage")
         if not choices and not usage:
-            return []  # e.g. the chat stream's opening role-only event
+            return b""  # e.g. the chat stream's opening role-only event
         chunk: dict[str, Any] = {
             "id": data.get("id", ""),
             "model": self.model or data.get("model", ""),
@@ -137,4 +126,25 @@ class StreamTranslator:
         }
         if usage:
             chunk["usage"] = usage
-        return [encode_event(chunk)]
+        return encode_event(chunk)
+
+
+class NativeToOpenAI(Translation):
+    """A native request asked of an OpenAI-compatible upstream."""
+
+    def __init__(self, native: GenerateRequest, upstream_model: str | None, model: str | None):
+        self.native = native
+        self.upstream_model = upstream_model
+        self.model = model
+
+    def request(self) -> tuple[str, bytes]:
+        """A chat completion for ``messages``, a completion for ``prompt``."""
+        return to_openai(self.native, self.upstream_model)
+
+    def answer(self, body: bytes) -> bytes:
+        """The native answer, named after the caller's model."""
+        return answer_from_openai(body, self.model)
+
+    def stream(self) -> StreamTranslator:
+        """Native events for the upstream's stream."""
+        return OpenAIStreamTranslator(self.model)

@@ -11,28 +11,11 @@ import abc
 import hashlib
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 from client.backends import Backend
 from client.config import ClientConfig
-from client.registry import Route
-
-
-@dataclass(frozen=True)
-class RequestInfo:
-    """What routing may know about a request when choosing a backend."""
-
-    endpoint: str
-    model: str | None
-    is_stream: bool = False
-    #: Where the request may go (``X-LLM-Route``).
-    route: Route = "auto"
-    #: Requests with the same key belong to one conversation (see ``affinity_key_of``).
-    affinity_key: str | None = None
-    #: Fields of the request that an OpenAI-compatible upstream cannot honour (it then never
-    #: goes to a jumper).
-    upstream_unsupported: tuple[str, ...] = ()
+from client.requests import RequestInfo
 
 
 class BalancingPolicy(abc.ABC):

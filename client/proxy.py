@@ -33,10 +33,10 @@ from client.backends import Backend, InFlightLease
 from client.config import ClientConfig
 from client.jumpers import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
-from client.native_translation import StreamTranslator, answer_from_openai, to_openai
-from client.policies import RequestInfo
+from client.requests import RequestInfo
 from client.routing import Router
 from client.stream_relay import StreamRelay, returned_headers
+from client.translation import Translation
 from protocol.generation import GenerateRequest
 from utils.errors import APIError
 
@@ -182,8 +182,9 @@ class Proxy:
     async def _attempt_task(
         self, backend: Backend, lease: InFlightLease, request: ForwardRequest
     ) -> Response:
+        translation = backend.translation_for(request.path, request.native, request.info.model)
         try:
-            response = await self._send(backend, request)
+            response = await self._send(backend, request, translation)
         except _Retryable:
             lease.release(is_failure=True)
             raise
@@ -194,8 +195,8 @@ class Proxy:
             if response.status_code >= 400:
                 return await self._error_answer(backend, lease, request, response)
             if request.info.is_stream:
-                return await self._stream_answer(backend, lease, request, response)
-            return await self._json_answer(backend, lease, request, response)
+                return await self._stream_answer(backend, lease, request, response, translation)
+            return await self._json_answer(backend, lease, request, response, translation)
         except BaseException:
             if not lease.is_released:  # cancelled (or a bug) where no verdict was given
                 self._cancelled(backend, lease, request)
@@ -205,13 +206,16 @@ class Proxy:
                 await response.aclose()
             raise
 
-    async def _send(self, backend: Backend, request: ForwardRequest) -> httpx.Response:
+    async def _send(
+        self, backend: Backend, request: ForwardRequest, translation: Translation | None
+    ) -> httpx.Response:
         headers = {"content-type": "application/json", **request.headers}
         headers.update(backend.request_headers())
         client = self.local_client if backend.is_local else self.upstream_client
-        path, body = request.path, self._body_for(backend, request)
-        if backend.translates(request.path) and request.native is not None:
-            path, body = to_openai(request.native, backend.upstream_model(request.info.model))
+        if translation is not None:
+            path, body = translation.request()
+        else:
+            path, body = request.path, self._body_for(backend, request)
         upstream_request = client.build_request(
             "POST", backend.url_for(path), content=body, headers=headers, timeout=self._timeout()
         )
@@ -324,6 +328,7 @@ class Proxy:
         lease: InFlightLease,
         request: ForwardRequest,
         response: httpx.Response,
+        translation: Translation | None,
     ) -> Response:
         try:
             body = await response.aread()
@@ -339,8 +344,8 @@ class Proxy:
         lease.release(is_failure=False)
         self._observe(backend, request, "ok")
         self.metrics.observe_request(request.info.endpoint, "ok", request)
-        if backend.translates(request.path):
-            body = answer_from_openai(body, request.info.model)
+        if translation is not None:
+            body = translation.answer(body)
         return Response(
             body,
             status_code=response.status_code,
@@ -354,18 +359,17 @@ class Proxy:
         lease: InFlightLease,
         request: ForwardRequest,
         response: httpx.Response,
+        translation: Translation | None,
     ) -> Response:
         """Prime the stream (read its first chunk), then relay the rest as it comes."""
         chunks: AsyncIterator[bytes] = response.aiter_bytes()
-        translate = None
-        if backend.translates(request.path):
-            translate = StreamTranslator(request.info.model).feed
+        translator = translation.stream() if translation is not None else None
         try:
             # A translated stream's first upstream chunk may hold no complete event yet: read
             # until there is something to send, so the priming really covers the first byte.
             first_chunk = b""
             async for chunk in chunks:
-                first_chunk = translate(chunk) if translate else chunk
+                first_chunk = translator.feed(chunk) if translator else chunk
                 if first_chunk:
                     break
         except httpx.HTTPError as exc:
@@ -381,7 +385,7 @@ class Proxy:
             self._observe(backend, request, outcome)
             self.metrics.observe_request(request.info.endpoint, outcome, request)
 
-        return StreamRelay(response, first_chunk, chunks, on_close, translate)
+        return StreamRelay(response, first_chunk, chunks, on_close, translator)
 
     def _cancelled(self, backend: Backend, lease: InFlightLease, request: ForwardRequest) -> None:
         """An attempt was cancelled: the caller went away, or the backend was marked down

@@ -7,19 +7,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection
-from typing import Literal
 
 import httpx
 
 from client.backends import Backend, BackendKind
 from client.config import ClientConfig
 from client.jumpers import OpenAIJumper, make_jumpers
+from client.requests import RequestInfo
 
 logger = logging.getLogger(__name__)
 
-#: Where a request may go: ``auto`` (local servers, then the jumpers as a fallback), ``local``
-#: (never upstream) or ``openai`` (the jumpers only). Callers choose with ``X-LLM-Route``.
-Route = Literal["auto", "local", "openai"]
 
 #: A request that finds no candidate triggers a refresh, but at most this often: a burst of
 #: requests for a dead server then costs one round of health checks, not one per request.
@@ -181,29 +178,21 @@ class BackendRegistry:
         now = time.monotonic()
         return [backend for backend in self.backends if backend.is_routable(now)]
 
-    def candidates(
-        self,
-        model: str | None,
-        path: str,
-        exclude: Collection[Backend] = (),
-        route: Route = "auto",
-        is_upstream_compatible: bool = True,
-    ) -> list[Backend]:
-        """Backends that can take a request for ``model`` on ``path`` now, best tier only.
+    def candidates(self, info: RequestInfo, exclude: Collection[Backend] = ()) -> list[Backend]:
+        """Backends that can take the request now, best tier only.
 
-        Tiers: CB servers, then SB servers, then (unless ``route`` is ``local``) the jumpers;
-        a lower tier is used only when no backend of a higher one can take the request.
-        ``exclude`` drops backends already tried for this request (failover); a request that
-        is not ``is_upstream_compatible`` never goes to a jumper.
+        Tiers: CB and Triton servers, then SB servers, then (unless the route is ``local``)
+        the jumpers; a lower tier is used only when no backend of a higher one can take the
+        request. ``exclude`` drops backends already tried for this request (failover).
         """
+        model = info.model or None
         eligible = [
             backend
             for backend in self.healthy()
             if backend not in exclude
-            and backend.supports(path)
-            and (backend.is_local or is_upstream_compatible)
-            and (route == "auto" or backend.is_local == (route == "local"))
+            and (info.route == "auto" or backend.is_local == (info.route == "local"))
             and (model is None or backend.serves(model))
+            and backend.refusal(info) is None
         ]
         if not eligible:
             return []

@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Collection
 
 from client.backends import Backend
-from client.policies import BalancingPolicy, LeastRecentlyUsedKey, RequestInfo
+from client.policies import BalancingPolicy, LeastRecentlyUsedKey
 from client.registry import BackendRegistry
+from client.requests import RequestInfo
 from utils.errors import APIError, overloaded
 
 #: Retry-After of "no server can take this now": the next request triggers a health refresh
@@ -34,14 +35,11 @@ class Router:
 
         ``exclude`` lists backends already tried for this request (failover).
         """
-        model = info.model or None
-        is_compatible = not info.upstream_unsupported
-        args = (model, info.endpoint, exclude, info.route, is_compatible)
-        candidates = self.registry.candidates(*args)
+        candidates = self.registry.candidates(info, exclude)
         if not candidates or (not candidates[0].is_local and info.route == "auto"):
             # Before falling back upstream (or giving up), make sure no local server came back.
             await self.registry.refresh_if_stale()
-            candidates = self.registry.candidates(*args)
+            candidates = self.registry.candidates(info, exclude)
         if not candidates:
             raise self._no_candidate_error(info, exclude)
         policy = self.policy if candidates[0].is_local else self.key_policy
@@ -67,11 +65,12 @@ class Router:
                 f"({num_configured} configured, none available)",
                 RETRY_AFTER_SECONDS,
             )
-        if info.upstream_unsupported and all(not backend.is_local for backend in healthy):
-            fields = ", ".join(info.upstream_unsupported)
+        serving = [b for b in healthy if model is None or b.serves(model)]
+        refusals = [b.refusal(info) for b in serving]
+        if serving and all(refusals):
+            reasons = "; ".join(sorted({reason for reason in refusals if reason}))
             return overloaded(
-                f"no local server can take the request right now, and it cannot go to an "
-                f"OpenAI-compatible upstream because it uses {fields}",
+                f"no server that can take this request is available right now: {reasons}",
                 RETRY_AFTER_SECONDS,
             )
         if model is None or exclude or model in registry.model_ids(is_healthy_only=False):

@@ -11,6 +11,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from client.metrics import Outcome, outcome_of_status
+from client.translation import StreamTranslator
 from utils.errors import APIError
 from utils.sse import SSE_HEADERS, encode_event
 
@@ -36,8 +37,8 @@ class StreamRelay(StreamingResponse):
     then drops the upstream connection, which is how the server learns to abort the request.
     A stream that breaks after the first chunk ends with an error event in the error shape
     (the ``openai`` SDK raises on an event carrying ``"error"``): bytes already reached the
-    caller, so it is never retried. ``translate`` rewrites each upstream chunk (a jumper
-    answering a native request). ``on_close`` runs exactly once with the outcome, whether
+    caller, so it is never retried. ``translator`` rewrites the upstream's chunks (a backend
+    that speaks another API). ``on_close`` runs exactly once with the outcome, whether
     the stream ended, broke or was abandoned.
     """
 
@@ -47,10 +48,10 @@ class StreamRelay(StreamingResponse):
         first_chunk: bytes,
         chunks: AsyncIterator[bytes],
         on_close: Callable[[Outcome], None],
-        translate: Callable[[bytes], bytes] | None = None,
+        translator: StreamTranslator | None = None,
     ) -> None:
         self._upstream = upstream
-        self._translate = translate
+        self._translator = translator
         self._first_chunk = first_chunk
         self._chunks = chunks
         self._on_close = on_close
@@ -69,9 +70,11 @@ class StreamRelay(StreamingResponse):
             if self._first_chunk:
                 yield self._first_chunk
             async for chunk in self._chunks:
-                out = self._translate(chunk) if self._translate else chunk
+                out = self._translator.feed(chunk) if self._translator else chunk
                 if out:
                     yield out
+            if self._translator is not None and (tail := self._translator.close()):
+                yield tail
         except httpx.HTTPError as exc:
             is_timeout = isinstance(exc, httpx.TimeoutException)
             self._outcome = "timeout" if is_timeout else "upstream_broken"

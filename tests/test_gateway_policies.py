@@ -16,7 +16,7 @@ from client.circuit_breaker import CircuitBreaker
 from client.config import ClientConfig, OpenAIJumperConfig
 from client.jumpers import OpenAIJumper
 from client.native_translation import (
-    StreamTranslator,
+    OpenAIStreamTranslator,
     answer_from_openai,
     to_openai,
     upstream_unsupported_fields,
@@ -24,12 +24,12 @@ from client.native_translation import (
 from client.policies import (
     LeastRecentlyUsedKey,
     PowerOfTwoChoices,
-    RequestInfo,
     RoundRobin,
     SessionAffinity,
     affinity_key_of,
 )
 from client.registry import BackendRegistry
+from client.requests import RequestInfo, Route
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from protocol.openai_api import ChatMessage
@@ -171,7 +171,8 @@ def test_lease_verdicts_drive_the_breaker() -> None:
     assert not backend.is_routable()
     assert backend.num_failures == 2 and backend.status().circuit == "open"
     registry = BackendRegistry([backend, _backend("http://b:1")])
-    assert [b.url for b in registry.candidates("m", "/generate")] == ["http://b:1"]
+    info = RequestInfo(endpoint="/generate", model="m")
+    assert [b.url for b in registry.candidates(info)] == ["http://b:1"]
 
 
 def test_failed_heartbeats_mark_down_after_threshold() -> None:
@@ -199,8 +200,14 @@ def test_jumper_maps_models_paths_and_hides_its_key() -> None:
     assert jumper.serves("local") and jumper.serves("gpt-x") and not jumper.serves("other")
     assert jumper.upstream_model("local") == "gpt-y" and jumper.upstream_model("gpt-x") == "gpt-x"
     assert jumper.url_for("/v1/chat/completions") == "http://up:1/v1/chat/completions"
-    assert jumper.supports("/v1/completions") and not jumper.translates("/v1/completions")
-    assert jumper.supports("/generate") and jumper.translates("/generate")
+    chat = RequestInfo(endpoint="/v1/chat/completions", model="local")
+    native = RequestInfo(endpoint="/generate", model="local")
+    assert jumper.refusal(chat) is None and jumper.refusal(native) is None
+    assert jumper.translation_for("/v1/chat/completions", None, "local") is None
+    beams = RequestInfo(
+        endpoint="/generate", model="local", upstream_unsupported=("generation_config.num_beams",)
+    )
+    assert "generation_config.num_beams" in (jumper.refusal(beams) or "")
     assert jumper.request_headers()["authorization"] == "Bearer sk-secret-123456789"
     assert "secret" not in jumper.name and "secret" not in jumper.status().model_dump_json()
     assert jumper.scrub("bad key sk-secret-123456789!") == "bad key ***!"
@@ -212,21 +219,26 @@ def test_registry_prefers_local_and_picks_least_recently_used_key() -> None:
     keys = [_jumper(f"sk-key-{i}-abcdefgh", index=i) for i in range(3)]
     registry = BackendRegistry([local, *keys])
     path = "/v1/chat/completions"
-    assert registry.candidates("m", path) == [local]
-    assert registry.candidates("m", "/generate", route="openai") == keys  # translated
+
+    def info(endpoint: str = path, route: Route = "auto", **fields: object) -> RequestInfo:
+        return RequestInfo(endpoint=endpoint, model="m", route=route, **fields)  # type: ignore[arg-type]
+
+    assert registry.candidates(info()) == [local]
+    assert registry.candidates(info("/generate", "openai")) == keys  # translated
     # ... unless the request uses what the OpenAI API lacks.
-    assert registry.candidates("m", path, route="openai", is_upstream_compatible=False) == []
-    assert registry.candidates("m", path, route="openai") == keys
+    unsupported = info("/generate", "openai", upstream_unsupported=("generation_config.top_k",))
+    assert registry.candidates(unsupported) == []
+    assert registry.candidates(info(route="openai")) == keys
     local.is_healthy = False
-    assert registry.candidates("m", path) == keys  # the fallback tier
-    assert registry.candidates("m", path, route="local") == []
+    assert registry.candidates(info()) == keys  # the fallback tier
+    assert registry.candidates(info(route="local")) == []
     keys[1].rest(30)
-    assert registry.candidates("m", path) == [keys[0], keys[2]]
+    assert registry.candidates(info()) == [keys[0], keys[2]]
     # Least recently used first: each use sends the key to the back of the line.
-    policy, info = LeastRecentlyUsedKey(), RequestInfo(endpoint=path, model="m")
+    policy = LeastRecentlyUsedKey()
     order = []
     for _ in range(4):
-        chosen = policy.choose(registry.candidates("m", path), info)
+        chosen = policy.choose(registry.candidates(info()), info())
         InFlightLease(chosen).release()
         order.append(chosen.index)  # type: ignore[attr-defined]
     assert order == [0, 2, 0, 2]
@@ -323,7 +335,7 @@ def test_stream_translation_survives_any_chunking() -> None:
     ]
     upstream = b"".join(f"data: {json.dumps(e)}\r\n\r\n".encode() for e in events)
     upstream += b": keep-alive\n\ndata: [DONE]\n\n"
-    expected = StreamTranslator("m").feed(upstream)
+    expected = OpenAIStreamTranslator("m").feed(upstream)
     lines = [line for line in expected.decode().splitlines() if line]
     assert lines[-1] == "data: [DONE]" and len(lines) == 4  # the role-only event is dropped
     assert json.loads(lines[0][6:]) == {
@@ -332,6 +344,6 @@ def test_stream_translation_survives_any_chunking() -> None:
         "choices": [{"index": 0, "text": "Pa", "finish_reason": None}],
     }
     for size in (1, 2, 7, 50):
-        translator = StreamTranslator("m")
+        translator = OpenAIStreamTranslator("m")
         pieces = [upstream[i : i + size] for i in range(0, len(upstream), size)]
         assert b"".join(translator.feed(piece) for piece in pieces) == expected

@@ -10,8 +10,9 @@ import pytest
 
 from client.backends import Backend, InFlightLease
 from client.config import ClientConfig, OpenAIJumperConfig, is_placeholder_key
-from client.policies import POLICIES, LeastOutstandingWork, RequestInfo, make_policy
+from client.policies import POLICIES, LeastOutstandingWork, make_policy
 from client.registry import BackendRegistry
+from client.requests import RequestInfo
 from protocol.health import LoadReport
 from utils.config import ConfigError, load_config
 
@@ -141,14 +142,17 @@ def test_candidates_by_model_health_and_kind() -> None:
     down = _backend("http://down:1", model="m", kind="continuous_batching")
     down.is_healthy = False
     registry = BackendRegistry([sb, cb, other, down])
-    path = "/generate"
-    assert registry.candidates("m", path) == [cb]  # CB preferred over SB
-    assert registry.candidates("m", path, exclude=[cb]) == [sb]
-    assert registry.candidates("other", path) == [other]
-    assert registry.candidates("unknown", path) == []
-    assert registry.candidates(None, path) == [cb]  # any model: best kind tier
+
+    def info(model: str | None) -> RequestInfo:
+        return RequestInfo(endpoint="/generate", model=model)
+
+    assert registry.candidates(info("m")) == [cb]  # CB preferred over SB
+    assert registry.candidates(info("m"), exclude=[cb]) == [sb]
+    assert registry.candidates(info("other")) == [other]
+    assert registry.candidates(info("unknown")) == []
+    assert registry.candidates(info(None)) == [cb]  # any model: best kind tier
     cb.is_healthy = False
-    assert registry.candidates(None, path) == [sb, other]
+    assert registry.candidates(info(None)) == [sb, other]
     assert registry.model_ids() == ["m", "other"]
     assert registry.model_ids(is_healthy_only=False) == ["m", "other"]
 

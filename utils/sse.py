@@ -45,3 +45,27 @@ async def iter_sse_data(lines: AsyncIterator[str]) -> AsyncIterator[str]:
             data_lines.append(line[5:].removeprefix(" "))
     if data_lines:
         yield "\n".join(data_lines)
+
+
+class SSEDataSplitter:
+    """Cuts a byte stream of Server-Sent Events into each event's ``data``, however the bytes
+    were chunked on the way (an event may arrive in pieces, several may arrive at once)."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The ``data`` of every event completed by ``data`` (comment-only events skipped)."""
+        # Normalised on the whole buffer: a CRLF may be split across two chunks.
+        self._buffer = (self._buffer + data).replace(b"\r\n", b"\n")
+        payloads: list[bytes] = []
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            data_lines = [
+                line[5:].removeprefix(b" ")
+                for line in event.split(b"\n")
+                if line.startswith(b"data:")
+            ]
+            if data_lines:
+                payloads.append(b"\n".join(data_lines))
+        return payloads
