@@ -21,12 +21,13 @@ from protocol.openai_api import ModelList
 
 logger = logging.getLogger(__name__)
 
-BackendKind = Literal["continuous_batching", "static_batching", "openai"]
+BackendKind = Literal["continuous_batching", "static_batching", "triton", "openai"]
 
 #: Lower is preferred: a request goes to an SB server only when no CB server serving its model
 #: can take it, and to an OpenAI jumper only when no local server can.
 KIND_PRIORITY: dict[BackendKind, int] = {
     "continuous_batching": 0,
+    "triton": 0,  # Triton + TensorRT-LLM batches continuously too: it shares the first tier
     "static_batching": 1,
     "openai": 2,
 }
@@ -197,7 +198,13 @@ class Backend:
             )
         model_ids = [health.model] if health.model else []
         model_ids += [m for m in listed_model_ids if m not in model_ids]
-        is_serving = health.status in _SERVING_STATES
+        self.record_health(health.status, model_ids, health.max_model_len, health.load)
+
+    def record_health(
+        self, status: str, model_ids: list[str], max_model_len: int | None, load: LoadReport
+    ) -> None:
+        """Record a health check that got an answer: the status, models and load it reported."""
+        is_serving = status in _SERVING_STATES
         if is_serving and not self.is_healthy:
             logger.info("backend %s is healthy, serving %s", self.url, model_ids)
             # Back from down (typically restarted): its past request failures say little about
@@ -205,16 +212,16 @@ class Backend:
             # of the cooldown.
             self.breaker.end_cooldown()
         elif not is_serving and self.is_healthy:
-            logger.warning("backend %s is no longer serving (status %s)", self.url, health.status)
+            logger.warning("backend %s is no longer serving (status %s)", self.url, status)
         self.is_healthy = is_serving
-        self.reported_status = health.status
+        self.reported_status = status
         # Keep what was learned before if a report names no model, so that requests for a model
         # whose only server is briefly down get 503 ("try later") rather than 404 ("no such").
         self.model_ids = model_ids or self.model_ids
-        self.max_model_len = health.max_model_len
-        self.load = health.load
+        self.max_model_len = max_model_len
+        self.load = load
         self.num_consecutive_failures = 0
-        self.last_error = None if is_serving else f"server status is {health.status!r}"
+        self.last_error = None if is_serving else f"server status is {status!r}"
         self.last_checked_at = time.monotonic()
 
     async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:

@@ -76,6 +76,26 @@ class OpenAIJumperConfig(BaseModel):
         return not is_placeholder_key(self.api_key.get_secret_value())
 
 
+class TritonServerConfig(BaseModel):
+    """One Triton Inference Server (e.g. with TensorRT-LLM) behind the gateway."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    models: dict[str, str] = Field(
+        min_length=1,
+        description="gateway model id -> Triton model name (TensorRT-LLM: usually 'ensemble')",
+    )
+    default_max_tokens: int = Field(
+        default=256, ge=1, description="max_tokens sent when a request sets none (Triton needs one)"
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return check_base_url(value)
+
+
 class ClientConfig(BaseModel):
     """The gateway's config file; unknown keys are refused so that typos surface at start-up."""
 
@@ -83,6 +103,12 @@ class ClientConfig(BaseModel):
 
     continuous_batching_server_urls: list[str] = Field(default_factory=list)
     static_batching_server_urls: list[str] = Field(default_factory=list)
+    triton_server_urls: list[TritonServerConfig] = Field(default_factory=list)
+    triton_model_aliases: dict[str, str] = Field(
+        default_factory=lambda: {"ensemble": ""},
+        description="Triton API on the gateway: model names clients use -> gateway model id "
+        "('' = any model); a Triton + TensorRT-LLM client calls its model 'ensemble'",
+    )
     openai_jumper_configs: list[OpenAIJumperConfig] = Field(default_factory=list)
     heart_beat_interval_seconds: float = Field(default=10.0, gt=0)
     num_failures_to_mark_down: int = Field(
@@ -142,6 +168,12 @@ class ClientConfig(BaseModel):
             raise ValueError(
                 f"{sorted(both)} listed as both a continuous- and a static-batching server"
             )
+        triton_urls = [server.url for server in self.triton_server_urls]
+        if len(set(triton_urls)) != len(triton_urls):
+            raise ValueError("a Triton server URL is listed more than once")
+        ours = set(self.continuous_batching_server_urls) | set(self.static_batching_server_urls)
+        if ours & set(triton_urls):
+            raise ValueError(f"{sorted(ours & set(triton_urls))} listed as a Triton server too")
         return self
 
     @field_validator("api_keys")

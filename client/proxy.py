@@ -193,7 +193,7 @@ class Proxy:
             raise
         try:
             if response.status_code >= 400:
-                return await self._error_answer(backend, lease, request, response)
+                return await self._error_answer(backend, lease, request, response, translation)
             if request.info.is_stream:
                 return await self._stream_answer(backend, lease, request, response, translation)
             return await self._json_answer(backend, lease, request, response, translation)
@@ -280,6 +280,7 @@ class Proxy:
         lease: InFlightLease,
         request: ForwardRequest,
         response: httpx.Response,
+        translation: Translation | None,
     ) -> Response:
         """An upstream 4xx/5xx: passed back, or retried elsewhere when another may succeed."""
         status = response.status_code
@@ -289,6 +290,8 @@ class Proxy:
             body = b""
         finally:
             await response.aclose()
+        if translation is not None:
+            status, body = translation.error(status, body)
         self._observe(backend, request, outcome_of_status(status))
         if isinstance(backend, OpenAIJumper):
             body = backend.scrub(body.decode("utf-8", "replace")).encode()
@@ -296,7 +299,7 @@ class Proxy:
             body,
             status_code=status,
             headers=returned_headers(response),
-            media_type=response.headers.get("content-type", "application/json"),
+            media_type="application/json",
         )
         if isinstance(backend, OpenAIJumper) and status in REFUSED_KEY_STATUSES:
             lease.release()

@@ -14,6 +14,7 @@ from client.backends import Backend, BackendKind
 from client.config import ClientConfig
 from client.jumpers import OpenAIJumper, make_jumpers
 from client.requests import RequestInfo
+from client.triton_backend import TritonBackend
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +88,13 @@ class BackendRegistry:
         backends: list[Backend] = [
             old_local.get(key) or Backend(url=key[0], kind=key[1]) for key in wanted
         ]
+        for triton_config in config.triton_server_urls:
+            kept_triton = old_local.get((triton_config.url, "triton"))
+            if isinstance(kept_triton, TritonBackend):
+                kept_triton.config = triton_config
+                backends.append(kept_triton)
+            else:
+                backends.append(TritonBackend.from_config(triton_config))
         for jumper in make_jumpers(config.openai_jumper_configs):
             kept = old_jumpers.get(jumper.identity)
             if kept is not None:  # same key: keep its rest and usage, take the new settings

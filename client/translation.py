@@ -36,3 +36,8 @@ class Translation(abc.ABC):
     @abc.abstractmethod
     def stream(self) -> StreamTranslator:
         """A fresh translator for the backend's (successful) stream."""
+
+    def error(self, status: int, body: bytes) -> tuple[int, bytes]:
+        """The caller's status and error body for the backend's error answer (by default
+        unchanged: our servers and OpenAI-compatible upstreams share the error shape)."""
+        return status, body

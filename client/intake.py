@@ -1,0 +1,151 @@
+"""The gateway's intake: a caller's HTTP request checked, parsed and handed to the proxy."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TypeVar, get_args
+
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+
+from client.auth import check_caller
+from client.gateway import Gateway
+from client.native_translation import upstream_unsupported_fields
+from client.policies import affinity_key_of
+from client.proxy import FORWARDED_REQUEST_HEADERS, ForwardRequest
+from client.requests import RequestInfo, Route
+from client.triton_backend import triton_unsupported_reasons
+from protocol.generation import GenerateRequest
+from protocol.openai_api import ChatCompletionRequest, CompletionRequest
+from utils.errors import APIError, validation_api_error
+from utils.http import run_unless_disconnected
+
+RequestT = TypeVar("RequestT", bound=BaseModel)
+ForwardedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest
+
+#: Header with which a caller restricts where its request may go.
+ROUTE_HEADER = "x-llm-route"
+#: Header naming a conversation, for session affinity.
+SESSION_HEADER = "x-session-id"
+
+
+def gateway_of(request: Request) -> Gateway:
+    """The gateway object of the app serving ``request``."""
+    return request.app.state.gateway
+
+
+async def require_caller_key(request: Request) -> None:
+    """401 unless the caller sent one of the configured API keys (when any are configured)."""
+    check_caller(request.headers.get("authorization"), gateway_of(request).config.api_keys)
+
+
+def route_of(request: Request) -> Route:
+    """The caller's ``X-LLM-Route`` (default ``auto``); 400 for an unknown value."""
+    value = request.headers.get(ROUTE_HEADER, "auto").strip().lower()
+    allowed = get_args(Route)
+    if value not in allowed:
+        raise APIError(
+            400, f"header X-LLM-Route must be one of {', '.join(allowed)} (got {value[:40]!r})"
+        )
+    return value  # type: ignore[return-value]
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refusing (413) anything over ``max_bytes`` without reading it all."""
+    too_large = APIError(413, f"the request body is larger than the limit of {max_bytes} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise APIError(400, "invalid Content-Length header")
+        if int(declared) > max_bytes:
+            raise too_large
+    chunks: list[bytes] = []
+    num_bytes = 0
+    async for chunk in request.stream():  # also covers chunked bodies without Content-Length
+        num_bytes += len(chunk)
+        if num_bytes > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def validate(body: bytes, schema: type[RequestT]) -> RequestT:
+    """Parse and validate the body; 400 naming the offending field on failure."""
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the request body must be a JSON object")
+    try:
+        return schema.model_validate(data)
+    except ValidationError as exc:
+        raise validation_api_error(exc) from None
+
+
+def count_rejected(request: Request, endpoint: str, received_at: float) -> None:
+    """Count a request the gateway refused before any attempt."""
+    metrics = gateway_of(request).metrics
+    metrics.observe_attempt(None, endpoint, "rejected", received_at)
+    metrics.observe_request(endpoint, "rejected", received_at)
+
+
+async def forward(request: Request, endpoint: str, schema: type[ForwardedRequest]) -> Response:
+    """Validate the caller's body against ``schema``, then forward the body unchanged.
+
+    Forwarding the original bytes (not the parsed model) lets fields the gateway does not know
+    but the server does pass through.
+    """
+    received_at = time.monotonic()
+    try:
+        route = route_of(request)
+        body = await read_body(request, gateway_of(request).config.max_request_bytes)
+        parsed = validate(body, schema)
+    except APIError:
+        count_rejected(request, endpoint, received_at)
+        raise
+    return await forward_parsed(request, endpoint, parsed, body, route, received_at)
+
+
+async def forward_parsed(
+    request: Request,
+    endpoint: str,
+    parsed: ForwardedRequest,
+    body: bytes,
+    route: Route,
+    received_at: float,
+) -> Response:
+    """Route an already validated request (``body`` is what the servers get)."""
+    headers = {
+        name: request.headers[name] for name in FORWARDED_REQUEST_HEADERS if name in request.headers
+    }
+    affinity_key = affinity_key_of(
+        request.headers.get(SESSION_HEADER),
+        getattr(parsed, "user", None),
+        getattr(parsed, "prompt", None),
+        getattr(parsed, "messages", None),
+    )
+    native = parsed if isinstance(parsed, GenerateRequest) else None
+    info = RequestInfo(
+        endpoint=endpoint,
+        model=parsed.model or None,
+        is_stream=parsed.stream,
+        route=route,
+        affinity_key=affinity_key,
+        upstream_unsupported=upstream_unsupported_fields(native) if native else (),
+        triton_unsupported=triton_unsupported_reasons(native) if native else (),
+    )
+    forward_request = ForwardRequest(
+        info=info,
+        native=native,
+        path=endpoint,
+        body=body,
+        headers=headers,
+        received_at=received_at,
+    )
+    # A caller giving up on a long non-streaming answer cancels the forward, which drops the
+    # upstream connection so the server stops generating for nobody.
+    proxy = gateway_of(request).proxy
+    return await run_unless_disconnected(request, proxy.forward(forward_request))
