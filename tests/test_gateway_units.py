@@ -66,6 +66,18 @@ def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
         ({"balancing_policy": "random"}, "balancing_policy"),
         ({"heart_beat_interval": 5}, "heart_beat_interval: unknown key"),
         ({"openai_jumper_configs": [{"org_id": None}]}, "openai_jumper_configs.0.api_key"),
+        ({"triton_server_urls": [{"url": "http://t:1"}]}, "triton_server_urls.0.models"),
+        (
+            {"triton_server_urls": [{"url": "http://t:1/", "models": {"m": "ensemble"}}]},
+            "must not end with '/'",
+        ),
+        (
+            {
+                "static_batching_server_urls": ["http://t:1"],
+                "triton_server_urls": [{"url": "http://t:1", "models": {"m": "ensemble"}}],
+            },
+            "Triton server too",
+        ),
         (
             {
                 "static_batching_server_urls": ["http://h:1"],
