@@ -8,6 +8,12 @@ error shape and the ready endpoints, and that :mod:`protocol.triton` reads and w
 from __future__ import annotations
 
 import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,6 +25,7 @@ from triton_server import TritonServer, start_triton_server
 
 from protocol.generation import GenerateRequest
 from protocol.triton import TritonErrorResponse, TritonGenerateRequest, TritonGenerateResponse
+from server.triton.pytriton_server import WORKER_SCRIPT
 
 pytestmark = pytest.mark.slow
 
@@ -161,3 +168,102 @@ def test_errors_have_triton_shape(triton: TritonServer, chat_prompt: str) -> Non
         assert stream.status_code == 400
         (event,) = _events(stream)
     assert "presence_penalty" in TritonErrorResponse.model_validate(event).error
+
+
+class WorkerPipe:
+    """``transformers_worker.py`` run directly: JSON lines in, replies read with a timeout."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, str(WORKER_SCRIPT), "--model-dir", str(model_dir)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        self._replies: queue.Queue[dict | None] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._replies.put(json.loads(line))
+        self._replies.put(None)
+
+    def send(self, message: dict) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.write((json.dumps(message) + "\n").encode())
+        self.process.stdin.flush()
+
+    def reply(self, timeout: float = 60) -> dict:
+        """The next reply; fails the test when none comes in ``timeout`` seconds."""
+        reply = self._replies.get(timeout=timeout)
+        assert reply is not None, "the worker closed its output"
+        return reply
+
+    def close(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()  # end of input: the worker exits by itself
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+
+def test_worker_stops_a_cancelled_stream(default_model_path: Path) -> None:
+    """What the server sends when PyTriton closes a request early: the worker stops at once.
+
+    (A client disconnecting does not get this far: PyTriton 0.7 does not tell the callable.)
+    """
+    worker = WorkerPipe(default_model_path)
+    try:
+        assert worker.reply(timeout=120)["ready"]
+        long = {"max_new_tokens": 300, "generate_kwargs": {"min_new_tokens": 300}}
+        worker.send({"op": "generate", "id": 1, "text": "Once upon a time", "stream": True, **long})
+        assert "delta" in worker.reply()
+        started = time.monotonic()
+        worker.send({"op": "cancel", "id": 1})
+        while "done" not in (reply := worker.reply(timeout=30)):
+            assert reply["id"] == 1 and "delta" in reply  # sent before the cancel arrived
+        assert reply == {"id": 1, "done": True, "texts": []}
+        assert time.monotonic() - started < 5  # far from 300 tokens' worth of CPU
+
+        worker.send({"op": "generate", "id": 2, "text": "Hi", "max_new_tokens": "x"})
+        assert worker.reply()["error"].startswith("ValueError: ")
+        worker.send(
+            {"op": "generate", "id": 3, "text": "The capital of France is", "max_new_tokens": 4}
+        )
+        reply = worker.reply()
+        assert reply["id"] == 3 and reply["done"] and len(reply["texts"]) == 1
+    finally:
+        worker.close()
+    assert worker.process.returncode == 0
+
+
+def test_a_killed_worker_fails_the_stream_then_is_replaced(
+    triton: TritonServer, chat_prompt: str
+) -> None:
+    """Worker death is a Triton error for the request in flight (not a hang); the next request
+    gets a new worker. Last in this module: it replaces the worker the others used."""
+    pid = triton.worker_pid()
+    assert pid is not None, triton.log_tail()
+    # min_length keeps the model from ending early: the stream is still running when killed.
+    body = {"text_input": chat_prompt, "max_tokens": 400, "min_length": 400, "stream": True}
+    events = []
+    started = time.monotonic()
+    with httpx.stream("POST", triton.model_url("generate_stream"), json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            events.append(json.loads(line[6:]))
+            if len(events) == 1:
+                os.kill(pid, signal.SIGKILL)
+    assert time.monotonic() - started < 30  # ended by the kill, not by 400 tokens or a timeout
+    assert "text_output" in events[0]
+    error = TritonErrorResponse.model_validate(events[-1]).error
+    assert "model worker exited with code -9" in error
+
+    body = {"text_input": chat_prompt, "max_tokens": 16}
+    response = httpx.post(triton.model_url("generate"), json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    assert "Paris" in response.json()["text_output"]
+    assert triton.worker_pid() not in (None, pid)

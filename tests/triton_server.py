@@ -2,8 +2,10 @@
 
 ``server/triton/pytriton_server.py`` runs in its own Python 3.12 venv (``.venv-triton``), built
 here on first use when missing (about two minutes and 5 GB: see ``server/triton/setup_venv.py``).
-The server listens on free 127.0.0.1 ports and is ready once Triton says its *model* is ready:
-``/v2/health/ready`` already answers 200 while the model is still loading.
+Its model runs in a worker process under this interpreter (the project's, with CPU torch and
+transformers) unless $LLM_SUITE_TRITON_WORKER_PYTHON names another. The server listens on free
+127.0.0.1 ports and is ready once Triton says its *model* is ready: ``/v2/health/ready`` already
+answers 200 while the model is still loading.
 
 Tests skip, saying why, only where no Python 3.12 exists; any other failure (the venv cannot be
 built, the server dies or never gets ready) fails them, with the server's log tail.
@@ -15,12 +17,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from server.triton.pytriton_server import WORKER_PYTHON_ENV
 from server.triton.setup_venv import TritonVenvError, ensure_venv, find_python312
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -87,8 +91,26 @@ class TritonServer:
             f"Triton server not ready after {timeout_seconds:.0f} s:\n{self.log_tail()}"
         )
 
+    def worker_pid(self) -> int | None:
+        """The process id of the server's model worker (its child), or None when it has none."""
+        for status in Path("/proc").glob("[0-9]*/status"):
+            try:
+                fields = dict(
+                    line.split(":\t", 1)
+                    for line in status.read_text().splitlines()
+                    if ":\t" in line
+                )
+                if int(fields["PPid"]) != self.process.pid:
+                    continue
+                cmdline = (status.parent / "cmdline").read_bytes()
+            except (OSError, KeyError, ValueError):
+                continue  # gone meanwhile, or not ours to read
+            if b"transformers_worker.py" in cmdline:
+                return int(status.parent.name)
+        return None
+
     def stop(self, grace_seconds: float = 15.0) -> None:
-        """SIGTERM the whole process group (PyTriton, tritonserver, backend stubs), then KILL."""
+        """SIGTERM the process group (PyTriton, model worker, tritonserver, stubs), then KILL."""
         if self.process.poll() is not None:
             return
         try:
@@ -146,6 +168,9 @@ def start_triton_server(
     # The 3.11 project venv's paths must not leak into the 3.12 interpreter.
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
+    # The model worker runs under the interpreter running the tests: it has torch and
+    # transformers (the server's own default, the repository's .venv, may not exist).
+    env.setdefault(WORKER_PYTHON_ENV, sys.executable)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
             command,

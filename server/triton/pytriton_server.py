@@ -20,38 +20,55 @@ is beam search; otherwise the request samples when ``top_k > 1`` or ``top_p > 0`
 defaults, or ``top_k == 1`` or ``temperature == 0`` mean greedy). ``text_input`` is used as is,
 like TensorRT-LLM's preprocessing does (no chat template), unless ``--chat-template`` is given.
 
-This is a standalone script for a venv of its own (PyTriton 0.7 needs numpy<2 and a Python whose
-``libpython`` the Python-backend stub can load: 3.12 here): it imports nothing of this project.
+Two processes: this standalone script runs in a venv of its own (PyTriton 0.7 needs numpy<2 and a
+Python whose ``libpython`` the Python-backend stub can load: 3.12 here) that holds PyTriton and
+numpy only. The model runs in ``transformers_worker.py`` beside it, started with the project's
+interpreter (``--worker-python``: 3.11, CPU torch and transformers), which answers requests in
+JSON lines over its stdin/stdout and streams text as it is generated. Neither imports anything of
+this project. Requests take turns on the worker (one model, CPU bound); a worker that dies or
+stays silent past ``--worker-timeout`` fails the requests in flight with a Triton error, and the
+next request starts a new one.
+
+PyTriton 0.7 does not tell the inference callable when a client goes away (its proxy forwards
+requests one way and sends responses without waiting for an answer), so a stream whose client
+disconnected runs on to ``max_tokens``; the worker is told to stop whenever the callable itself
+is closed early (PyTriton shutting down), which is as far as cancellation reaches.
 
 Usage::
 
     .venv-triton/bin/python server/triton/pytriton_server.py \\
         --model-dir models/SmolLM2-135M-Instruct --http-port 8010 --grpc-port 8011 \\
-        --metrics-port 8012 --model-name ensemble
+        --metrics-port 8012 --model-name ensemble [--worker-python .venv/bin/python]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
+import json
 import logging
 import os
+import queue
 import signal
+import subprocess
 import sys
 import sysconfig
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-# Set before transformers is imported: no hub is reachable and tokenizers' fork warning is noise.
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import numpy as np  # noqa: E402
+import numpy as np
 
 LOGGER = logging.getLogger("pytriton_server")
+
+REPO_ROOT: Path = Path(__file__).resolve().parents[2]
+WORKER_SCRIPT: Path = Path(__file__).resolve().with_name("transformers_worker.py")
+#: The worker's interpreter when ``--worker-python`` is not given.
+WORKER_PYTHON_ENV: str = "LLM_SUITE_TRITON_WORKER_PYTHON"
 
 #: Inputs whose ``true`` asks for outputs this server does not produce.
 _UNSUPPORTED_FLAGS = ("return_log_probs", "return_context_logits", "return_generation_logits")
@@ -85,8 +102,22 @@ class Decoding:
     stream: bool = False
     generate_kwargs: dict[str, Any] = field(default_factory=dict)
     stop_words: list[str] = field(default_factory=list)
+    #: Turned into token ids by the worker, which has the tokenizer.
+    bad_words: list[str] = field(default_factory=list)
     seed: int | None = None
-    num_sequences: int = 1
+
+    def worker_request(self) -> dict[str, Any]:
+        """The worker's ``generate`` request for these settings (without its id)."""
+        return {
+            "op": "generate",
+            "text": self.prompt,
+            "max_new_tokens": self.max_new_tokens,
+            "stream": self.stream,
+            "generate_kwargs": self.generate_kwargs,
+            "stop_words": self.stop_words,
+            "bad_words": self.bad_words,
+            "seed": self.seed,
+        }
 
 
 def _scalar(inputs: dict[str, np.ndarray], name: str) -> Any:
@@ -117,7 +148,7 @@ def _text(value: Any) -> str:
     return value.decode("utf-8") if isinstance(value, bytes) else str(value)
 
 
-def read_decoding(inputs: dict[str, np.ndarray], tokenizer: Any) -> Decoding:
+def read_decoding(inputs: dict[str, np.ndarray]) -> Decoding:
     """Translate TensorRT-LLM ensemble inputs into transformers ``generate`` arguments.
 
     Raises :class:`RequestError` naming the input when a value is out of range or unsupported.
@@ -158,7 +189,6 @@ def read_decoding(inputs: dict[str, np.ndarray], tokenizer: Any) -> Decoding:
         if decoding.stream:
             raise RequestError("input 'stream' is not supported with 'beam_width' > 1")
         kwargs.update(num_beams=beam_width, num_return_sequences=beam_width, do_sample=False)
-        decoding.num_sequences = beam_width
         length_penalty = _scalar(inputs, "length_penalty")
         if length_penalty is not None:
             kwargs["length_penalty"] = float(length_penalty)
@@ -186,153 +216,231 @@ def read_decoding(inputs: dict[str, np.ndarray], tokenizer: Any) -> Decoding:
         kwargs["pad_token_id"] = int(pad_id)
     seed = _scalar(inputs, "random_seed")
     decoding.seed = None if seed is None else int(seed)
-
-    bad_words = _words(inputs, "bad_words")
-    if bad_words:
-        # A word can be tokenized with or without a leading space; ban both spellings.
-        bad_ids: list[list[int]] = []
-        for word in bad_words:
-            for spelling in (word, " " + word):
-                ids = tokenizer(spelling, add_special_tokens=False)["input_ids"]
-                if ids and ids not in bad_ids:
-                    bad_ids.append(ids)
-        kwargs["bad_words_ids"] = bad_ids
+    decoding.bad_words = _words(inputs, "bad_words")
     return decoding
 
 
-def _cut_at_stop(text: str, stop_words: list[str]) -> tuple[str, bool]:
-    """``text`` cut before the first stop word, and whether one was found."""
-    cut = min((i for i in (text.find(w) for w in stop_words) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
+class WorkerError(RuntimeError):
+    """The worker failed a request, died, or stayed silent too long; the message says which."""
 
 
-def _held_back(text: str, stop_words: list[str]) -> int:
-    """How many trailing characters could still become a stop word (not yet safe to send)."""
-    longest = 0
-    for word in stop_words:
-        for size in range(min(len(word) - 1, len(text)), 0, -1):
-            if text.endswith(word[:size]):
-                longest = max(longest, size)
-                break
-    return longest
+class _WorkerProcess:
+    """One run of ``transformers_worker.py`` and the threads that talk to it.
 
+    A reader thread turns the worker's stdout lines into per-request asyncio queues and a writer
+    thread feeds its stdin, so PyTriton's event loop never blocks on a pipe. When the worker's
+    stdout ends (it died) every request still waiting gets an error at once instead of waiting
+    for replies that cannot come.
+    """
 
-class Generator:
-    """The model and its tokenizer; not thread-safe: ``make_infer_func`` runs one at a time."""
-
-    def __init__(self, model_dir: Path, dtype: str, chat_template: bool) -> None:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        self._torch = torch
-        self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
-        self.model.eval()
-        self.chat_template = chat_template
-
-    def _input_ids(self, prompt: str) -> Any:
-        if self.chat_template:
-            messages = [{"role": "user", "content": prompt}]
-            prompt = self.tokenizer.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True
-            )
-        # The chat template already holds the special tokens; a raw prompt gets the tokenizer's.
-        encoded = self.tokenizer(
-            prompt, return_tensors="pt", add_special_tokens=not self.chat_template
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        # stderr is inherited: the worker's log and tracebacks go where ours go.
+        self.process = subprocess.Popen(
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env
         )
-        return encoded["input_ids"]
+        self.ready = threading.Event()
+        self.failure: str | None = None  # set once the worker is unusable, saying why
+        self._lock = threading.Lock()  # guards failure and the pending map
+        self._pending: dict[
+            int, tuple[asyncio.AbstractEventLoop, asyncio.Queue[dict[str, Any]]]
+        ] = {}
+        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        assert self.process.stdin is not None and self.process.stdout is not None
+        threading.Thread(
+            target=self._read, args=(self.process.stdout,), name="worker-stdout", daemon=True
+        ).start()
+        threading.Thread(
+            target=self._write, args=(self.process.stdin,), name="worker-stdin", daemon=True
+        ).start()
 
-    def texts(self, decoding: Decoding) -> list[str]:
-        """Generate every sequence at once (beam search or a non-streaming request)."""
-        with self._torch.inference_mode():
-            if decoding.seed is not None:
-                self._torch.manual_seed(decoding.seed)
-            input_ids = self._input_ids(decoding.prompt)
-            output = self.model.generate(
-                input_ids,
-                attention_mask=self._torch.ones_like(input_ids),
-                max_new_tokens=decoding.max_new_tokens,
-                **decoding.generate_kwargs,
-            )
-            new_tokens = output[:, input_ids.shape[1] :]
-            texts = self.tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-        return [_cut_at_stop(text, decoding.stop_words)[0] for text in texts]
+    @property
+    def pid(self) -> int:
+        """The worker's process id."""
+        return self.process.pid
 
-    def deltas(self, decoding: Decoding) -> Iterator[str]:
-        """Generate one sequence and yield its text piece by piece, stop words cut off."""
-        from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+    def register(self, request_id: int) -> asyncio.Queue[dict[str, Any]]:
+        """A queue for the replies to ``request_id``, filled on the calling event loop."""
+        replies: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        with self._lock:
+            if self.failure is not None:
+                raise WorkerError(self.failure)
+            self._pending[request_id] = (asyncio.get_running_loop(), replies)
+        return replies
 
-        stop_event = threading.Event()
+    def unregister(self, request_id: int) -> None:
+        """Forget ``request_id``: late replies to it are dropped."""
+        with self._lock:
+            self._pending.pop(request_id, None)
 
-        class _StopWhenAsked(StoppingCriteria):
-            """Ends generation once the consumer has seen a stop word (or went away)."""
+    def send(self, message: dict[str, Any]) -> None:
+        """Queue one request line for the worker (never blocks)."""
+        self._outbox.put((json.dumps(message, ensure_ascii=True) + "\n").encode("ascii"))
 
-            def __call__(self, input_ids: Any, scores: Any, **kwargs: Any) -> bool:
-                return stop_event.is_set()
+    def close(self) -> None:
+        """Close the worker's stdin after what is queued: the worker then exits by itself."""
+        self._outbox.put(None)
 
-        streamer = TextIteratorStreamer(self.tokenizer, skip_prompt=True, skip_special_tokens=True)
-        input_ids = self._input_ids(decoding.prompt)
-        errors: list[BaseException] = []
+    def kill(self, reason: str) -> None:
+        """Fail every waiting request with ``reason`` and kill the worker (its state is unknown)."""
+        self._fail(reason)
+        with contextlib.suppress(ProcessLookupError):
+            self.process.kill()
 
-        def _run() -> None:
+    def _fail(self, reason: str) -> None:
+        with self._lock:
+            if self.failure is None:
+                self.failure = reason
+            pending, self._pending = list(self._pending.values()), {}
+        self.ready.set()  # wakes a start waiting for the worker to load
+        for loop, replies in pending:
+            self._deliver(loop, replies, {"error": reason})
+
+    @staticmethod
+    def _deliver(
+        loop: asyncio.AbstractEventLoop,
+        replies: asyncio.Queue[dict[str, Any]],
+        message: dict[str, Any],
+    ) -> None:
+        # asyncio queues are not thread-safe: hand the message to the loop that waits on it.
+        with contextlib.suppress(RuntimeError):  # that loop is closed: PyTriton is shutting down
+            loop.call_soon_threadsafe(replies.put_nowait, message)
+
+    def _read(self, stdout: IO[bytes]) -> None:
+        for line in stdout:
             try:
-                with self._torch.inference_mode():
-                    if decoding.seed is not None:
-                        self._torch.manual_seed(decoding.seed)
-                    self.model.generate(
-                        input_ids,
-                        attention_mask=self._torch.ones_like(input_ids),
-                        max_new_tokens=decoding.max_new_tokens,
-                        streamer=streamer,
-                        stopping_criteria=StoppingCriteriaList([_StopWhenAsked()]),
-                        **decoding.generate_kwargs,
-                    )
-            except BaseException as exc:  # handed to the consumer thread below
-                errors.append(exc)
-                streamer.end()
-
-        thread = threading.Thread(target=_run, daemon=True)
-        thread.start()
-        text, sent, exhausted = "", 0, False
+                message = json.loads(line)
+            except ValueError:
+                LOGGER.warning("model worker wrote a line that is not JSON: %r", line[:200])
+                continue
+            if message.get("ready"):
+                LOGGER.info("model worker ready (pid %d)", self.pid)
+                self.ready.set()
+                continue
+            with self._lock:
+                target = self._pending.get(message.get("id"))  # None: cancelled, not waited for
+            if target is not None:
+                self._deliver(*target, message)
+        # End of output: the worker exited (or is about to: wait briefly for its status).
         try:
-            for piece in streamer:
-                text += piece
-                text, stopped = _cut_at_stop(text, decoding.stop_words)
-                if stopped:
-                    break
-                safe = len(text) - _held_back(text, decoding.stop_words)
-                if safe > sent:
-                    yield text[sent:safe]
-                    sent = safe
-            else:
-                exhausted = True
-            if len(text) > sent:
-                yield text[sent:]
+            code: int | str | None = self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            code = "unknown: it closed its output but still runs"
+        # Exit code 0 is the end of a normal shutdown; anything else is worth a warning.
+        level = logging.INFO if code == 0 else logging.WARNING
+        LOGGER.log(level, "model worker (pid %d) exited with code %s", self.pid, code)
+        self._fail(f"model worker exited with code {code}")
+
+    def _write(self, stdin: IO[bytes]) -> None:
+        try:
+            while (line := self._outbox.get()) is not None:
+                # Blocks only while the worker reads nothing; a timed-out request kills it,
+                # which breaks the pipe and ends this thread.
+                stdin.write(line)
+                stdin.flush()
+        except OSError:
+            pass  # the worker is gone: the reader sees its output end and fails the requests
         finally:
-            stop_event.set()
-            if not exhausted:
-                # Left early (stop word, error, client gone): read the streamer to its end
-                # so that generate() finishes. Its end marker comes once; reading past it
-                # would block forever, hence the flag.
-                for _ in streamer:
-                    pass
-            thread.join()
-        if errors:
-            raise errors[0]
+            with contextlib.suppress(OSError):
+                stdin.close()
+
+
+class ModelWorker:
+    """The transformers worker: starts it, restarts it after it died, and runs requests on it.
+
+    Meant for one request at a time (``make_infer_func``'s turns): nothing guards the restart of
+    a dead worker against two callers.
+    """
+
+    def __init__(
+        self, command: list[str], env: dict[str, str], load_timeout: float, reply_timeout: float
+    ) -> None:
+        self._command = command
+        self._env = env
+        self.load_timeout = load_timeout
+        self.reply_timeout = reply_timeout
+        self._ids = itertools.count(1)
+        self._current: _WorkerProcess | None = None
+
+    def start(self) -> None:
+        """Start a worker process without waiting for it (the model loads meanwhile)."""
+        LOGGER.info("starting the model worker: %s", " ".join(self._command))
+        self._current = _WorkerProcess(self._command, self._env)
+
+    def wait_ready(self) -> None:
+        """Block until the worker has loaded the model; raise :class:`WorkerError` if it never
+        does within ``load_timeout`` (the worker is then killed) or exits first."""
+        current = self._current
+        if current is None:
+            raise WorkerError("model worker not started")
+        if not current.ready.wait(self.load_timeout):
+            current.kill(f"model worker not ready after {self.load_timeout:g} s")
+        if current.failure is not None:
+            raise WorkerError(current.failure)
+
+    async def _running(self) -> _WorkerProcess:
+        """The live worker, a new one (loaded) in place of one that died."""
+        if self._current is None or self._current.failure is not None:
+            if self._current is not None:
+                LOGGER.warning("model worker gone (%s): starting a new one", self._current.failure)
+            self.start()
+            await asyncio.get_running_loop().run_in_executor(None, self.wait_ready)
+        assert self._current is not None
+        return self._current
+
+    async def generate(self, request: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """Run ``request`` on the worker; yield its replies up to the final ``done``.
+
+        Raises :class:`WorkerError` with the worker's error, when it dies, or when it sends
+        nothing for ``reply_timeout`` seconds (it is killed then). Closing the generator early
+        tells the worker to stop generating.
+        """
+        worker = await self._running()
+        request_id = next(self._ids)
+        replies = worker.register(request_id)
+        finished = False
+        try:
+            worker.send({**request, "id": request_id})
+            while not finished:
+                try:
+                    reply = await asyncio.wait_for(replies.get(), self.reply_timeout)
+                except TimeoutError:
+                    worker.kill(f"model worker sent nothing for {self.reply_timeout:g} s")
+                    raise WorkerError(worker.failure) from None
+                if "error" in reply:
+                    finished = True
+                    raise WorkerError(reply["error"])
+                finished = bool(reply.get("done"))
+                yield reply
+        finally:
+            worker.unregister(request_id)
+            if not finished and worker.failure is None:
+                worker.send({"op": "cancel", "id": request_id})
+
+    def stop(self, grace_seconds: float = 5.0) -> None:
+        """End the worker: close its stdin, then kill it if it lingers."""
+        current, self._current = self._current, None
+        if current is None:
+            return
+        current.close()
+        try:
+            current.process.wait(timeout=grace_seconds)
+        except subprocess.TimeoutExpired:
+            current.kill("model worker stopped")
+            current.process.wait(timeout=grace_seconds)
 
 
 def _text_output(texts: list[str]) -> dict[str, np.ndarray]:
     return {"text_output": np.array([t.encode("utf-8") for t in texts], dtype=np.object_)}
 
 
-def make_infer_func(generator: Generator) -> Any:
+def make_infer_func(worker: ModelWorker) -> Any:
     """The decoupled PyTriton inference callable: an async generator of per-request responses.
 
-    PyTriton drives every request's callable on one event loop thread. A plain generator would
-    block that loop while it waits for the model (between tokens too), so a second request
-    arriving mid-stream would block the loop waiting for the first, which then can never
-    resume: a deadlock seen here. So the model work runs in executor threads, and requests
-    take turns on an ``asyncio.Lock`` (one model, CPU bound: running them at once gains nothing).
+    PyTriton drives every request's callable on one event loop thread, so nothing here may
+    block it: a blocked loop once deadlocked a request arriving mid-stream. The model runs in
+    the worker process and its replies arrive through asyncio queues, each wait bounded by the
+    worker's reply timeout. Requests take turns on an ``asyncio.Lock`` (one model, CPU bound:
+    running them at once gains nothing).
     """
     turn = asyncio.Lock()
 
@@ -341,29 +449,27 @@ def make_infer_func(generator: Generator) -> Any:
         if len(requests) != 1:
             raise RequestError(f"expected one request per call, got {len(requests)}")
         try:
-            decoding = read_decoding(dict(requests[0].items()), generator.tokenizer)
+            decoding = read_decoding(dict(requests[0].items()))
         except RequestError:
             raise
         except Exception as exc:  # malformed tensors: say what was wrong, not a traceback
             raise RequestError(f"bad request: {exc}") from None
-        loop = asyncio.get_running_loop()
         async with turn:
             try:
-                if decoding.stream:
-                    pieces = generator.deltas(decoding)
-                    try:
-                        # deltas() yields non-empty strings only, so None marks its end.
-                        while (
-                            delta := await loop.run_in_executor(None, next, pieces, None)
-                        ) is not None:
-                            yield [_text_output([delta])]
-                    finally:
-                        # Ends generation early when we leave before the text is complete.
-                        await loop.run_in_executor(None, pieces.close)
-                else:
-                    texts = await loop.run_in_executor(None, generator.texts, decoding)
-                    yield [_text_output(texts)]
-            except Exception as exc:  # the model failed: one readable line, the stack to the log
+                # aclosing: leaving early (PyTriton cancelling us) tells the worker to stop now,
+                # not whenever the replies generator happens to be garbage collected.
+                async with contextlib.aclosing(
+                    worker.generate(decoding.worker_request())
+                ) as replies:
+                    async for reply in replies:
+                        if "delta" in reply:
+                            yield [_text_output([reply["delta"]])]
+                        elif not decoding.stream:  # the final reply carries every sequence
+                            yield [_text_output(reply["texts"])]
+            except WorkerError as exc:  # the worker's own message: one readable line
+                LOGGER.error("generation failed: %s", exc)
+                raise RequestError(f"generation failed: {exc}") from None
+            except Exception as exc:  # anything else: one readable line, the stack to the log
                 LOGGER.exception("generation failed")
                 raise RequestError(f"generation failed: {type(exc).__name__}: {exc}") from None
 
@@ -427,7 +533,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--grpc-port", type=int, default=8001)
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
-    parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--num-threads", type=int, default=None, help="the worker's torch threads")
     parser.add_argument(
         "--chat-template",
         action="store_true",
@@ -440,7 +546,42 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="folder for PyTriton's sockets and tritonserver copy (default: a temporary one)",
     )
+    parser.add_argument(
+        "--worker-python",
+        type=Path,
+        default=default_worker_python(),
+        help="interpreter with torch and transformers that runs the model "
+        f"(default: ${WORKER_PYTHON_ENV}, else the repository's .venv/bin/python)",
+    )
+    parser.add_argument(
+        "--worker-load-timeout",
+        type=float,
+        default=300.0,
+        help="seconds the worker may take to load the model",
+    )
+    parser.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=300.0,
+        help="seconds the worker may stay silent on a request before it counts as hung and is "
+        "killed (a non-streaming request is answered once, at its end)",
+    )
     return parser.parse_args(argv)
+
+
+def default_worker_python() -> Path:
+    """$LLM_SUITE_TRITON_WORKER_PYTHON, else the project's venv interpreter."""
+    # Not resolved: a venv's python is a symlink, and only through the venv's path does it
+    # find the venv's packages.
+    return Path(os.environ.get(WORKER_PYTHON_ENV) or REPO_ROOT / ".venv" / "bin" / "python")
+
+
+def _worker_env() -> dict[str, str]:
+    """Our environment minus what points a Python at this (3.12) venv's packages."""
+    env = dict(os.environ)
+    for name in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+        env.pop(name, None)
+    return env
 
 
 def _exit_on_signal(signum: int, frame: Any) -> None:
@@ -451,21 +592,34 @@ def _exit_on_signal(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Load the model, start tritonserver and serve until terminated (SIGTERM or SIGINT)."""
+    """Start the model worker and tritonserver, serve until terminated (SIGTERM or SIGINT)."""
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, _exit_on_signal)
     signal.signal(signal.SIGINT, _exit_on_signal)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not args.worker_python.exists():
+        sys.exit(
+            f"error: no worker interpreter {args.worker_python} (build the project's venv with "
+            f"`make venv`, or give --worker-python / ${WORKER_PYTHON_ENV})"
+        )
+    command = [
+        str(args.worker_python),
+        str(WORKER_SCRIPT),
+        "--model-dir",
+        str(args.model_dir),
+        "--dtype",
+        args.dtype,
+    ]
+    if args.num_threads:
+        command += ["--num-threads", str(args.num_threads)]
+    if args.chat_template:
+        command.append("--chat-template")
+    # Taken before our loader path changes below: those are for tritonserver, not the worker.
+    worker = ModelWorker(command, _worker_env(), args.worker_load_timeout, args.worker_timeout)
     _libpython_on_loader_path()
 
-    import torch
     from pytriton.model_config import ModelConfig
     from pytriton.triton import Triton, TritonConfig
-
-    if args.num_threads:
-        torch.set_num_threads(args.num_threads)
-    LOGGER.info("loading %s (%s)", args.model_dir, args.dtype)
-    generator = Generator(args.model_dir, args.dtype, args.chat_template)
 
     config = TritonConfig(
         http_address=args.host,
@@ -479,25 +633,37 @@ def main(argv: list[str] | None = None) -> None:
         exit_timeout_secs=5,
     )
     inputs, outputs = _tensors()
-    with Triton(config=config, workspace=args.workspace) as triton:
-        triton.bind(
-            model_name=args.model_name,
-            infer_func=make_infer_func(generator),
-            inputs=inputs,
-            outputs=outputs,
-            config=ModelConfig(batching=False, decoupled=True),
-            strict=True,
-        )
-        LOGGER.info(
-            "serving model %r on http://%s:%d (grpc %d, metrics %d)",
-            args.model_name,
-            args.host,
-            args.http_port,
-            args.grpc_port,
-            args.metrics_port,
-        )
-        sys.stdout.flush()
-        triton.serve()
+    # Started first so that the model loads while tritonserver starts.
+    worker.start()
+    try:
+        with Triton(config=config, workspace=args.workspace) as triton:
+            try:
+                worker.wait_ready()
+            except WorkerError as exc:
+                # Not bound yet, so Triton never called the model ready; leaving the with block
+                # stops tritonserver.
+                LOGGER.error("cannot serve: %s", exc)
+                raise SystemExit(1) from None
+            triton.bind(
+                model_name=args.model_name,
+                infer_func=make_infer_func(worker),
+                inputs=inputs,
+                outputs=outputs,
+                config=ModelConfig(batching=False, decoupled=True),
+                strict=True,
+            )
+            LOGGER.info(
+                "serving model %r on http://%s:%d (grpc %d, metrics %d)",
+                args.model_name,
+                args.host,
+                args.http_port,
+                args.grpc_port,
+                args.metrics_port,
+            )
+            sys.stdout.flush()
+            triton.serve()
+    finally:
+        worker.stop()
 
 
 if __name__ == "__main__":
