@@ -1,11 +1,11 @@
 """A real Triton Inference Server (PyTriton) in a subprocess, for tests.
 
-``server/triton/pytriton_server.py`` runs in its own Python 3.12 venv (``.venv-triton``), built
-here on first use when missing (about two minutes and 5 GB: see ``server/triton/setup_venv.py``).
-Its model runs in a worker process under this interpreter (the project's, with CPU torch and
-transformers) unless $LLM_SUITE_TRITON_WORKER_PYTHON names another. The server listens on free
-127.0.0.1 ports and is ready once Triton says its *model* is ready: ``/v2/health/ready`` already
-answers 200 while the model is still loading.
+``server/triton/pytriton_server.py`` runs in its own Python 3.12 venv (``.venv-triton``: PyTriton
+and numpy, no torch), built here on first use when missing (about 25 seconds and 355 MB: see
+``server/triton/setup_venv.py``). Its model runs in a worker process under this interpreter
+(the project's, with CPU torch and transformers) unless $LLM_SUITE_TRITON_WORKER_PYTHON names
+another. The server listens on free 127.0.0.1 ports and is ready once Triton says its *model* is
+ready: ``/v2/health/ready`` already answers 200 while the model is still loading.
 
 Tests skip, saying why, only where no Python 3.12 exists; any other failure (the venv cannot be
 built, the server dies or never gets ready) fails them, with the server's log tail.

@@ -5,16 +5,19 @@ under 3.12, and it needs numpy<2; the project itself runs on 3.11 with numpy 2. 
 server gets a venv of its own, built from ``requirements.txt`` beside this file. Standard
 library only: it runs under any Python, the project's venv included.
 
-The costly part is torch: the project's CPU wheel exists on this machine only for Python 3.11, so
-under 3.12 pip takes PyPI's CUDA build (seen here: 1.35 GB downloaded, 4.7 GB installed, about a
-minute; the whole venv is 5.2 GB, about two minutes). It runs on the CPU all the same.
+The venv holds PyTriton and numpy only, no torch: the model runs in ``transformers_worker.py``
+under the project's interpreter, which has the CPU torch (under 3.12 pip would find only PyPI's
+CUDA build: the venv was 5.2 GB and two minutes with it). Seen here without a pip cache: about
+100 MB downloaded, 355 MB installed (most of it PyTriton's bundled tritonserver), 25 seconds.
 
 Usage::
 
     python server/triton/setup_venv.py [--venv .venv-triton] [--python /path/to/python3.12]
 
 Idempotent: a stamp file holding the requirements' hash marks a finished install, so a second
-run returns at once and an interrupted one starts over.
+run returns at once. Without a matching stamp (an interrupted install, or changed requirements)
+the venv is built again from scratch: installing on top would never remove what is no longer
+required.
 """
 
 from __future__ import annotations
@@ -138,10 +141,11 @@ def ensure_venv(venv: Path | None = None, python: Path | None = None) -> Path:
             raise TritonVenvError(
                 f"no Python {REQUIRED_VERSION[0]}.{REQUIRED_VERSION[1]} found (set {PYTHON_ENV})"
             )
-        (venv / STAMP_NAME).unlink(missing_ok=True)
-        if not venv_python(venv).exists() or _version_of(str(venv_python(venv))) != (3, 12):
-            shutil.rmtree(venv, ignore_errors=True)
-            _run([str(python), "-m", "venv", str(venv)])
+        if venv.exists() and not (venv / "pyvenv.cfg").is_file():
+            # A mistyped --venv must not cost someone a folder.
+            raise TritonVenvError(f"refusing to replace {venv}: it is not a virtualenv")
+        shutil.rmtree(venv, ignore_errors=True)
+        _run([str(python), "-m", "venv", str(venv)])
         pip = [str(venv_python(venv)), "-m", "pip", "install", "--disable-pip-version-check"]
         _run([*pip, "-r", str(REQUIREMENTS)])
         (venv / STAMP_NAME).write_text(_requirements_hash() + "\n")
