@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,6 +147,8 @@ class NativeToTriton(Translation):
         self.triton_model = triton_model
         self.model = model or triton_model
         self.config = config
+        # Triton echoes an id only when the request had one: native answers always carry one.
+        self.request_id = f"triton-{uuid.uuid4().hex}"
 
     def request(self) -> tuple[str, bytes]:
         """``generate`` or ``generate_stream`` with TensorRT-LLM's fields."""
@@ -163,7 +166,7 @@ class NativeToTriton(Translation):
             raise APIError(502, f"Triton server: {_triton_message(body)}")
         texts = TritonGenerateResponse.model_validate(data).texts()
         answer = {
-            "id": data.get("id") or "",
+            "id": data.get("id") or self.request_id,
             "model": self.model,
             "choices": [
                 {"index": i, "text": text, "finish_reason": None} for i, text in enumerate(texts)
@@ -186,14 +189,15 @@ class NativeToTriton(Translation):
 
     def stream(self) -> StreamTranslator:
         """Native events for Triton's stream (which has no end marker of its own)."""
-        return TritonStreamTranslator(self.model)
+        return TritonStreamTranslator(self.model, self.request_id)
 
 
 class TritonStreamTranslator(StreamTranslator):
     """Triton ``generate_stream`` events -> native stream chunks, then usage and ``[DONE]``."""
 
-    def __init__(self, model: str) -> None:
+    def __init__(self, model: str, request_id: str) -> None:
         self.model = model
+        self.request_id = request_id
         self._splitter = SSEDataSplitter()
         self._has_failed = False
 
@@ -209,7 +213,7 @@ class TritonStreamTranslator(StreamTranslator):
             texts = TritonGenerateResponse.model_validate(event).texts()
             choices = [choice for choice in _choices(texts) if choice["text"]]
             if choices:
-                chunk = {"id": event.get("id") or "", "model": self.model, "choices": choices}
+                chunk = {"id": self.request_id, "model": self.model, "choices": choices}
                 out.append(encode_event(chunk))
         return b"".join(out)
 
@@ -217,5 +221,10 @@ class TritonStreamTranslator(StreamTranslator):
         """Triton's stream just ends: close it the native way (usage chunk, ``[DONE]``)."""
         if self._has_failed:
             return b""
-        usage_chunk = {"id": "", "model": self.model, "choices": [], "usage": _ZERO_USAGE}
+        usage_chunk = {
+            "id": self.request_id,
+            "model": self.model,
+            "choices": [],
+            "usage": _ZERO_USAGE,
+        }
         return encode_event(usage_chunk) + encode_done()

@@ -143,6 +143,7 @@ def test_native_requests_through_a_triton_backend(
         answer = response.json()
         text = answer["choices"][0]["text"]
         assert "Paris" in text and answer["model"] == "smol"
+        assert answer["id"].startswith("triton-") and answer["choices"][0]["finish_reason"] is None
         # Streaming: native chunks, then the usage chunk and [DONE].
         response = http.post("/generate", json={**body, "stream": True}, timeout=60)
         lines = [line[6:] for line in response.text.splitlines() if line.startswith("data:")]
@@ -150,6 +151,7 @@ def test_native_requests_through_a_triton_backend(
         chunks = [json.loads(line) for line in lines[:-1]]
         assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == text
         assert "usage" in chunks[-1]
+        assert len({chunk["id"] for chunk in chunks}) == 1  # one id for the whole stream
         # Beam search goes through too (Triton's beam_width).
         beams = {**body, "generation_config": {"max_new_tokens": 8, "num_beams": 2}}
         response = http.post("/generate", json=beams, timeout=60)
