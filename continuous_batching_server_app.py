@@ -13,6 +13,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from server.common.app import create_server_app
+from server.common.compute_thread import ComputeThread
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.server_config import load_cb_server_config
@@ -26,9 +27,11 @@ def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
     setup_logging(os.environ.get("LLM_SUITE_LOG_LEVEL", "INFO"))
     config = load_cb_server_config(config_path)
     loading = config.model_loading_config
-    engine = LLMEngine(config.engine_config())
+    # Loaded in the thread that will run it: one OpenMP team per process (compute_thread).
+    compute = ComputeThread("engine")
+    engine = compute.call(LLMEngine, config.engine_config())
     model_id = loading.served_model_name or Path(loading.model_name_or_path).name
-    backend = AsyncEngine(engine, model_id)
+    backend = AsyncEngine(engine, model_id, compute)
     settings = config.serving_config.settings(model_id)
     return create_server_app(backend, settings, title="Continuous-batching LLM server")
 

@@ -35,15 +35,24 @@ async def collect(backend: AsyncEngine, request: SequenceRequest) -> list[int]:
     return tokens
 
 
-async def test_concurrent_streams_match_offline(backend: AsyncEngine) -> None:
+async def test_concurrent_streams_match_offline(
+    default_model_path: Path, cb_runner: ModelRunner
+) -> None:
     config = GenerationConfig(max_new_tokens=6, ignore_eos=True)
-    offline = backend.engine.generate([PROMPT], [config])[0]
+    engine = LLMEngine(engine_config(default_model_path, num_blocks=64), runner=cb_runner)
+    # Offline first: once started, only the engine loop may step the engine.
+    offline = engine.generate([PROMPT], [config])[0]
     expected = [t for d in offline for t in d.token_ids]
-    results = await asyncio.gather(
-        *[collect(backend, SequenceRequest(f"r{i}", PROMPT, config)) for i in range(5)]
-    )
-    assert all(r == expected for r in results)
-    assert backend.load_report().num_kv_blocks_free == 64
+    backend = AsyncEngine(engine, model_id="test")
+    await backend.start()
+    try:
+        results = await asyncio.gather(
+            *[collect(backend, SequenceRequest(f"r{i}", PROMPT, config)) for i in range(5)]
+        )
+        assert all(r == expected for r in results)
+        assert backend.load_report().num_kv_blocks_free == 64
+    finally:
+        await backend.shutdown()
 
 
 async def test_closing_the_stream_aborts_and_frees_blocks(backend: AsyncEngine) -> None:

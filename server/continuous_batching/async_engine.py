@@ -1,5 +1,6 @@
-"""The async front of the engine: one engine loop in its own thread, results handed to the
-awaiting coroutines through ``loop.call_soon_threadsafe`` (no polling anywhere).
+"""The async front of the engine: one engine loop in the compute thread (the thread that loaded
+the model, see ``server.common.compute_thread``), results handed to the awaiting coroutines
+through ``loop.call_soon_threadsafe`` (no polling anywhere).
 
 It implements ``GenerationBackend``, so the shared HTTP layer serves it like any backend.
 """
@@ -10,10 +11,12 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Future
 from typing import Any
 
 from protocol.health import LoadReport, ServerKind
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
+from server.common.compute_thread import ComputeThread
 from server.continuous_batching.decoding import RequestOutput
 from server.continuous_batching.engine import EngineError, LLMEngine
 from utils.errors import APIError, overloaded
@@ -26,8 +29,12 @@ class AsyncEngine(GenerationBackend):
 
     kind: ServerKind = "continuous_batching"
 
-    def __init__(self, engine: LLMEngine, model_id: str) -> None:
+    def __init__(
+        self, engine: LLMEngine, model_id: str, compute: ComputeThread | None = None
+    ) -> None:
         self.engine = engine
+        #: Where the engine loop runs: pass the thread that built the engine.
+        self.compute = compute or ComputeThread("engine")
         self.model_id = model_id
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
@@ -35,23 +42,25 @@ class AsyncEngine(GenerationBackend):
         self._wakeup = threading.Condition()
         self._streams: dict[str, asyncio.Queue[RequestOutput | APIError]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
+        self._loop_future: Future[None] | None = None
         self._is_stopping = False
 
     async def start(self) -> None:
-        """Start the engine thread (inside the running event loop)."""
+        """Start the engine loop in the compute thread (inside the running event loop)."""
         self._loop = asyncio.get_running_loop()
         self._is_stopping = False
-        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
-        self._thread.start()
+        self._loop_future = self.compute.submit(self._run)
 
     async def shutdown(self) -> None:
         """Stop the thread; requests still in flight end with finish_reason "abort"."""
         with self._wakeup:
             self._is_stopping = True
             self._wakeup.notify()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 30)
+        if self._loop_future is not None:
+            try:
+                await asyncio.wait_for(asyncio.wrap_future(self._loop_future), 30)
+            except TimeoutError:
+                logger.warning("the engine loop did not stop within 30 s")
         for request_id in list(self._streams):
             output = self.engine.abort(request_id)
             if output is not None:

@@ -13,6 +13,7 @@ from transformers.utils import logging as hf_logging
 
 from protocol.health import LoadReport, ServerKind
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
+from server.common.compute_thread import ComputeThread
 from server.static_batching.config import SBServerConfig, SBWorkerConfig
 from server.static_batching.packaging import PackageRecord, PackagingBatcher
 from server.static_batching.worker import LoadedModel, SBWorker
@@ -116,7 +117,11 @@ class StaticBatchingBackend(GenerationBackend):
 
     def __init__(self, config: SBServerConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        self.loaded = loaded or load_model(config.worker_config, config.config_file)
+        # The model loads in the thread that will run it: one OpenMP team (compute_thread).
+        self.compute = ComputeThread("sb-worker")
+        self.loaded = loaded or self.compute.call(
+            load_model, config.worker_config, config.config_file
+        )
         self.model_id = self.loaded.model_id
         self.max_model_len = self.loaded.max_model_len
         self.tokenizer = self.loaded.tokenizer
@@ -126,6 +131,7 @@ class StaticBatchingBackend(GenerationBackend):
             config.batcher_config,
             self.worker.run_package,
             max_prompts_per_package=batch_size if batch_size > 0 else None,
+            compute=self.compute,
         )
 
     @property

@@ -20,10 +20,10 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from server.common.backend import SequenceRequest, TextDelta
+from server.common.compute_thread import ComputeThread
 from server.static_batching.config import SBBatcherConfig
 from utils.errors import APIError, overloaded
 
@@ -139,15 +139,17 @@ class PackagingBatcher:
         run_package: Callable[[Package], None],
         max_prompts_per_package: int | None = None,
         num_records_kept: int = 1000,
+        compute: ComputeThread | None = None,
     ) -> None:
         self.config = config
+        #: Where packages run: pass the thread that loaded the model (see compute_thread).
+        self._compute = compute or ComputeThread("sb-worker")
         self._run_package = run_package
         self._max_prompts = max_prompts_per_package
         self._waiting: list[RequestState] = []
         self._running: Package | None = None
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._executor: ThreadPoolExecutor | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._is_stopping = False
         self._num_packages = 0
@@ -173,7 +175,6 @@ class PackagingBatcher:
     async def start(self) -> None:
         """Start the packaging loop and the worker thread in the running event loop."""
         self._loop = asyncio.get_running_loop()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sb-worker")
         self._task = asyncio.create_task(self._packaging_loop(), name="sb-packaging")
 
     async def stop(self, timeout_seconds: float = 30.0) -> None:
@@ -192,8 +193,6 @@ class PackagingBatcher:
         for state in self._waiting:
             state.emit_abort()
         self._waiting.clear()
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, request: SequenceRequest) -> RequestState:
         """Queue ``request``; raises ``APIError`` (400 too large, 503 full or stopping)."""
@@ -293,8 +292,7 @@ class PackagingBatcher:
         logger.debug("package %d: %s", package.package_id, self.records[-1])
         self._running = package
         try:
-            assert self._loop is not None and self._executor is not None
-            await self._loop.run_in_executor(self._executor, self._run_package, package)
+            await self._compute.run(self._run_package, package)
         except Exception as exc:  # the worker reports its own errors; this is the safety net
             logger.exception("package %d failed outside generate", package.package_id)
             for state in states:
