@@ -105,6 +105,8 @@ class Proxy:
         last_failure: _Retryable | None = None
         max_attempts = self.config.max_attempts
         for attempt in range(2 * max_attempts):  # local tier budget + jumper tier budget
+            if attempt > 0:  # before choosing, so the choice sees the state after the pause
+                await asyncio.sleep(self._backoff(attempt))
             exclude = self._excluded(tried)
             try:
                 backend = await self.router.select(request.info, exclude=exclude)
@@ -116,9 +118,7 @@ class Proxy:
                 raise exc from None
             if not backend.is_local and request.info.route == "auto":
                 self.metrics.count_fallback("local_failed" if tried else "no_local_server")
-            if attempt > 0:
-                await asyncio.sleep(self._backoff(attempt))
-            # No await between the lease and the send: the next request sees this choice.
+            # No await between the choice and the lease: the next request sees this choice.
             lease = InFlightLease(backend)
             tried.append(backend)
             try:
