@@ -13,9 +13,8 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from client.circuit_breaker import BreakerState, CircuitBreaker
-from client.requests import RequestInfo
+from client.requests import ForwardRequest, RequestInfo
 from client.translation import Translation
-from protocol.generation import GenerateRequest
 from protocol.health import HealthResponse, LoadReport
 from protocol.openai_api import ModelList
 
@@ -104,10 +103,8 @@ class Backend:
         """Why this backend cannot take the request (None: it can; our servers take all)."""
         return None
 
-    def translation_for(
-        self, path: str, native: GenerateRequest | None, model: str | None
-    ) -> Translation | None:
-        """How to ask this backend for a request on ``path`` (None: forward it unchanged)."""
+    def translation_for(self, request: ForwardRequest) -> Translation | None:
+        """How to ask this backend for ``request`` (None: forward it unchanged)."""
         return None
 
     def upstream_model(self, model: str | None) -> str | None:

@@ -89,6 +89,11 @@ class TritonServerConfig(BaseModel):
     default_max_tokens: int = Field(
         default=256, ge=1, description="max_tokens sent when a request sets none (Triton needs one)"
     )
+    chat_template_from: str | None = Field(
+        default=None,
+        description="a Hugging Face tokenizer folder whose chat template renders chat requests "
+        "into text for this server (without it, chats never go there)",
+    )
 
     @field_validator("url")
     @classmethod

@@ -13,9 +13,10 @@ from pydantic import BaseModel, ValidationError
 from client.auth import check_caller
 from client.gateway import Gateway
 from client.native_translation import upstream_unsupported_fields
+from client.openai_shapes import native_equivalent
 from client.policies import affinity_key_of
-from client.proxy import FORWARDED_REQUEST_HEADERS, ForwardRequest
-from client.requests import RequestInfo, Route
+from client.proxy import FORWARDED_REQUEST_HEADERS
+from client.requests import ForwardRequest, RequestInfo, Route
 from client.triton_backend import triton_unsupported_reasons
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
@@ -127,15 +128,19 @@ async def forward_parsed(
         getattr(parsed, "prompt", None),
         getattr(parsed, "messages", None),
     )
-    native = parsed if isinstance(parsed, GenerateRequest) else None
+    native = native_equivalent(parsed)
+    is_native_endpoint = isinstance(parsed, GenerateRequest)
     info = RequestInfo(
         endpoint=endpoint,
         model=parsed.model or None,
         is_stream=parsed.stream,
         route=route,
         affinity_key=affinity_key,
-        upstream_unsupported=upstream_unsupported_fields(native) if native else (),
+        upstream_unsupported=upstream_unsupported_fields(parsed) if is_native_endpoint else (),
         triton_unsupported=triton_unsupported_reasons(native) if native else (),
+        is_chat=native is not None and native.messages is not None,
+        has_native=native is not None,
+        is_usage_streamed=getattr(parsed, "is_usage_streamed", False),
     )
     forward_request = ForwardRequest(
         info=info,

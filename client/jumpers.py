@@ -18,9 +18,8 @@ import httpx
 from client.backends import Backend
 from client.config import OpenAIJumperConfig
 from client.native_translation import NativeToOpenAI
-from client.requests import RequestInfo
+from client.requests import ForwardRequest, RequestInfo
 from client.translation import Translation
-from protocol.generation import GenerateRequest
 
 #: The OpenAI API paths a jumper forwards (our ``/v1/...`` path minus the ``/v1`` that the
 #: jumper's base URL already ends with).
@@ -79,12 +78,11 @@ class OpenAIJumper(Backend):
             return f"OpenAI-compatible upstreams cannot honour {fields}"
         return None
 
-    def translation_for(
-        self, path: str, native: GenerateRequest | None, model: str | None
-    ) -> Translation | None:
+    def translation_for(self, request: ForwardRequest) -> Translation | None:
         """Native requests go through the OpenAI API; OpenAI requests go unchanged."""
-        if path in TRANSLATED_PATHS and native is not None:
-            return NativeToOpenAI(native, self.upstream_model(model), model)
+        if request.path in TRANSLATED_PATHS and request.native is not None:
+            model = request.info.model
+            return NativeToOpenAI(request.native, self.upstream_model(model), model)
         return None
 
     def upstream_model(self, model: str | None) -> str | None:

@@ -20,7 +20,7 @@ from client.backends import Backend
 from client.registry import BackendRegistry
 
 if TYPE_CHECKING:
-    from client.proxy import ForwardRequest
+    from client.requests import ForwardRequest
 
 #: How a request ended, as seen by the gateway.
 Outcome = Literal[

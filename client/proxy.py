@@ -21,9 +21,7 @@ import asyncio
 import json
 import logging
 import random
-import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import anyio
 import httpx
@@ -33,11 +31,10 @@ from client.backends import Backend, InFlightLease
 from client.config import ClientConfig
 from client.jumpers import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
-from client.requests import RequestInfo
+from client.requests import ForwardRequest
 from client.routing import Router
 from client.stream_relay import StreamRelay, returned_headers
 from client.translation import Translation
-from protocol.generation import GenerateRequest
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -52,19 +49,6 @@ FAILURE_STATUSES = (500, 502)
 REFUSED_KEY_STATUSES = (401, 403)
 #: Longest single backoff between two attempts.
 MAX_BACKOFF_SECONDS = 1.0
-
-
-@dataclass
-class ForwardRequest:
-    """A validated caller request, ready to forward: the original body is sent unchanged."""
-
-    info: RequestInfo
-    path: str
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    #: The parsed native request (``/generate``), for backends that need it translated.
-    native: GenerateRequest | None = None
-    received_at: float = field(default_factory=time.monotonic)
 
 
 class _Retryable(Exception):
@@ -182,7 +166,7 @@ class Proxy:
     async def _attempt_task(
         self, backend: Backend, lease: InFlightLease, request: ForwardRequest
     ) -> Response:
-        translation = backend.translation_for(request.path, request.native, request.info.model)
+        translation = backend.translation_for(request)
         try:
             response = await self._send(backend, request, translation)
         except _Retryable:

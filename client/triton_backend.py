@@ -24,8 +24,10 @@ import httpx
 from pydantic import ValidationError
 
 from client.backends import Backend
+from client.chat_templates import preload, render_chat
 from client.config import TritonServerConfig
-from client.requests import RequestInfo
+from client.openai_shapes import CHAT_PATH, COMPLETIONS_PATH, OpenAIShaper
+from client.requests import ForwardRequest, RequestInfo
 from client.translation import StreamTranslator, Translation
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
@@ -33,19 +35,16 @@ from protocol.triton import TritonGenerateRequest, TritonGenerateResponse
 from utils.errors import APIError
 from utils.sse import SSEDataSplitter, encode_done, encode_event
 
-#: The only caller endpoint a Triton server answers (through translation).
-TRITON_PATH = "/generate"
+#: The caller endpoints a Triton server answers (through translation).
+TRITON_PATHS = ("/generate", COMPLETIONS_PATH, CHAT_PATH)
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
 
 def triton_unsupported_reasons(request: GenerateRequest) -> tuple[str, ...]:
-    """Why a Triton server cannot take the native ``request`` (empty when it can)."""
-    if request.messages is not None:
-        return ("Triton servers take a prompt, not messages (TensorRT-LLM applies no template)",)
+    """Why a Triton server cannot take the native ``request``, chat aside (empty when it can;
+    whether a chat can go depends on the server's entry, see ``TritonBackend.refusal``)."""
     try:
-        TritonGenerateRequest.from_generate_request(
-            request, request.prompt or "", default_max_tokens=1
-        )
+        TritonGenerateRequest.from_generate_request(request, "-", default_max_tokens=1)
     except (ValueError, ValidationError) as exc:
         return (str(exc).splitlines()[0],)
     return ()
@@ -69,20 +68,31 @@ class TritonBackend(Backend):
         return self.config.models[model]
 
     def refusal(self, info: RequestInfo) -> str | None:
-        """Native prompt requests only, and only decoding Triton can express."""
-        if info.endpoint != TRITON_PATH:
+        """Requests with a native equivalent whose decoding Triton can express; chats only
+        when the entry names a chat template to render them with."""
+        if info.endpoint not in TRITON_PATHS:
             return f"Triton servers do not answer {info.endpoint}"
+        if not info.has_native:
+            return "Triton servers take one text prompt or one conversation per request"
+        if info.is_chat and not self.config.chat_template_from:
+            return (
+                f"Triton server {self.url} takes text, not messages (set 'chat_template_from' "
+                "in its entry to render chats)"
+            )
         if info.triton_unsupported:
             return "; ".join(info.triton_unsupported)
         return None
 
-    def translation_for(
-        self, path: str, native: GenerateRequest | None, model: str | None
-    ) -> Translation | None:
+    def translation_for(self, request: ForwardRequest) -> Translation | None:
         """Every request goes through Triton's generate API."""
-        if native is None:
-            raise APIError(500, f"no native request to send to Triton for {path}")
-        return NativeToTriton(native, self.triton_model(model), model, self.config)
+        if request.native is None:
+            raise APIError(500, f"no native request to send to Triton for {request.path}")
+        model = request.info.model
+        shaper = None
+        if request.path != "/generate":  # answer in the OpenAI shape the caller asked for
+            name = model or self.triton_model(model)
+            shaper = OpenAIShaper(request.path, name, request.info.is_usage_streamed)
+        return NativeToTriton(request.native, self.triton_model(model), model, self.config, shaper)
 
     async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:
         """Server readiness, then each configured model's; never raises for network trouble."""
@@ -101,6 +111,8 @@ class TritonBackend(Backend):
         model_ids = [ours for (ours, _), is_ready in zip(names, ready, strict=True) if is_ready]
         # A server whose models are still loading answers ready: it is "loading" until one is.
         status = "ok" if model_ids else "loading"
+        if model_ids and self.config.chat_template_from and not self.is_healthy:
+            await preload(self.config.chat_template_from)  # off the loop, before traffic
         self.record_health(status, model_ids or list(self.config.models), None, LoadReport())
 
     async def _is_model_ready(
@@ -142,18 +154,23 @@ class NativeToTriton(Translation):
         triton_model: str,
         model: str | None,
         config: TritonServerConfig,
+        shaper: OpenAIShaper | None = None,
     ) -> None:
         self.native = native
         self.triton_model = triton_model
         self.model = model or triton_model
         self.config = config
+        self.shaper = shaper
         # Triton echoes an id only when the request had one: native answers always carry one.
         self.request_id = f"triton-{uuid.uuid4().hex}"
 
     def request(self) -> tuple[str, bytes]:
         """``generate`` or ``generate_stream`` with TensorRT-LLM's fields."""
+        prompt = self.native.prompt or ""
+        if self.native.messages is not None and self.config.chat_template_from:
+            prompt = render_chat(self.config.chat_template_from, self.native.messages)
         triton_request = TritonGenerateRequest.from_generate_request(
-            self.native, self.native.prompt or "", default_max_tokens=self.config.default_max_tokens
+            self.native, prompt, default_max_tokens=self.config.default_max_tokens
         )
         endpoint = "generate_stream" if self.native.stream else "generate"
         path = f"/v2/models/{self.triton_model}/{endpoint}"
@@ -168,11 +185,11 @@ class NativeToTriton(Translation):
         answer = {
             "id": data.get("id") or self.request_id,
             "model": self.model,
-            "choices": [
-                {"index": i, "text": text, "finish_reason": None} for i, text in enumerate(texts)
-            ],
+            "choices": _choices(texts),
             "usage": _ZERO_USAGE,
         }
+        if self.shaper is not None:
+            answer = self.shaper.answer(answer)
         return json.dumps(answer).encode()
 
     def error(self, status: int, body: bytes) -> tuple[int, bytes]:
@@ -189,15 +206,16 @@ class NativeToTriton(Translation):
 
     def stream(self) -> StreamTranslator:
         """Native events for Triton's stream (which has no end marker of its own)."""
-        return TritonStreamTranslator(self.model, self.request_id)
+        return TritonStreamTranslator(self.model, self.request_id, self.shaper)
 
 
 class TritonStreamTranslator(StreamTranslator):
     """Triton ``generate_stream`` events -> native stream chunks, then usage and ``[DONE]``."""
 
-    def __init__(self, model: str, request_id: str) -> None:
+    def __init__(self, model: str, request_id: str, shaper: OpenAIShaper | None = None) -> None:
         self.model = model
         self.request_id = request_id
+        self.shaper = shaper
         self._splitter = SSEDataSplitter()
         self._has_failed = False
 
@@ -214,7 +232,7 @@ class TritonStreamTranslator(StreamTranslator):
             choices = [choice for choice in _choices(texts) if choice["text"]]
             if choices:
                 chunk = {"id": self.request_id, "model": self.model, "choices": choices}
-                out.append(encode_event(chunk))
+                out.append(self._encode(chunk))
         return b"".join(out)
 
     def close(self) -> bytes:
@@ -227,4 +245,7 @@ class TritonStreamTranslator(StreamTranslator):
             "choices": [],
             "usage": _ZERO_USAGE,
         }
-        return encode_event(usage_chunk) + encode_done()
+        return self._encode(usage_chunk) + encode_done()
+
+    def _encode(self, chunk: dict[str, Any]) -> bytes:
+        return self.shaper.chunk(chunk) if self.shaper is not None else encode_event(chunk)

@@ -21,6 +21,7 @@ from client.native_translation import (
     to_openai,
     upstream_unsupported_fields,
 )
+from client.openai_shapes import OpenAIShaper, native_equivalent
 from client.policies import (
     LeastRecentlyUsedKey,
     PowerOfTwoChoices,
@@ -29,10 +30,10 @@ from client.policies import (
     affinity_key_of,
 )
 from client.registry import BackendRegistry
-from client.requests import RequestInfo, Route
+from client.requests import ForwardRequest, RequestInfo, Route
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
-from protocol.openai_api import ChatMessage
+from protocol.openai_api import ChatCompletionRequest, ChatMessage, CompletionRequest
 from utils.errors import APIError
 
 INFO = RequestInfo(endpoint="/v1/chat/completions", model="m")
@@ -203,7 +204,8 @@ def test_jumper_maps_models_paths_and_hides_its_key() -> None:
     chat = RequestInfo(endpoint="/v1/chat/completions", model="local")
     native = RequestInfo(endpoint="/generate", model="local")
     assert jumper.refusal(chat) is None and jumper.refusal(native) is None
-    assert jumper.translation_for("/v1/chat/completions", None, "local") is None
+    forward = ForwardRequest(info=chat, path="/v1/chat/completions", body=b"{}")
+    assert jumper.translation_for(forward) is None  # OpenAI requests go unchanged
     beams = RequestInfo(
         endpoint="/generate", model="local", upstream_unsupported=("generation_config.num_beams",)
     )
@@ -347,3 +349,46 @@ def test_stream_translation_survives_any_chunking() -> None:
         translator = OpenAIStreamTranslator("m")
         pieces = [upstream[i : i + size] for i in range(0, len(upstream), size)]
         assert b"".join(translator.feed(piece) for piece in pieces) == expected
+
+
+# -- OpenAI requests in native terms (for Triton backends) -----------------------------------
+
+
+def test_native_equivalent_of_openai_requests() -> None:
+    completion = CompletionRequest.model_validate(
+        {"model": "m", "prompt": "hi", "max_tokens": 5, "temperature": 0, "stop": ["."]}
+    )
+    native = native_equivalent(completion)
+    assert native is not None and native.prompt == "hi" and native.model == "m"
+    assert native.generation_config.max_new_tokens == 5
+    assert native.generation_config.stop == ["."] and not native.generation_config.do_sample
+    chat = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    )
+    native = native_equivalent(chat)
+    assert native is not None and native.messages is not None and native.stream
+    for body in (
+        {"model": "m", "prompt": ["a", "b"]},  # several prompts
+        {"model": "m", "prompt": [1, 2, 3]},  # token ids
+    ):
+        assert native_equivalent(CompletionRequest.model_validate(body)) is None
+
+
+def test_openai_shaper_builds_chat_answers_and_chunks() -> None:
+    shaper = OpenAIShaper("/v1/chat/completions", "smol", is_usage_streamed=True)
+    usage = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
+    native = {"id": "x1", "choices": [{"index": 0, "text": "Paris", "finish_reason": None}]}
+    answer = shaper.answer({**native, "usage": usage})
+    assert answer["object"] == "chat.completion" and answer["id"] == "chatcmpl-x1"
+    assert answer["choices"][0]["message"] == {"role": "assistant", "content": "Paris"}
+    first = json.loads(shaper.chunk(native).decode()[6:])
+    second = json.loads(shaper.chunk(native).decode()[6:])
+    assert first["choices"][0]["delta"] == {"content": "Paris", "role": "assistant"}
+    assert second["choices"][0]["delta"] == {"content": "Paris"}  # the role comes once
+    (usage_event,) = [
+        e for e in shaper.chunk({"id": "x1", "choices": [], "usage": usage}).split(b"\n\n") if e
+    ]
+    assert json.loads(usage_event[6:])["usage"] == usage
+    quiet = OpenAIShaper("/v1/completions", "smol", is_usage_streamed=False)
+    assert quiet.chunk({"id": "x1", "choices": [], "usage": usage}) == b""
+    assert json.loads(quiet.chunk(native)[6:])["choices"][0]["text"] == "Paris"
