@@ -1,9 +1,7 @@
 """Forwarding requests to backends, with failover: JSON answers as is, streams chunk by chunk.
 
-One shared ``httpx.AsyncClient`` carries every upstream call (connection reuse, one pool).
-Each attempt holds an :class:`InFlightLease` on its backend from the balancing decision until
-the answer has been fully relayed, or the caller went away; the lease's verdict feeds the
-backend's circuit breaker.
+Shared ``httpx.AsyncClient``s carry every upstream call (connection reuse); each attempt on
+one backend is run by ``client.attempt``.
 
 Failover rule: an attempt that fails before any byte reached the caller (refused connection,
 server died mid-request, 429/503 overload, 500/502, a jumper key refused or rate-limited) is
@@ -18,49 +16,26 @@ again, doubling the wait).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import random
-from collections.abc import AsyncIterator
 
-import anyio
 import httpx
 from starlette.responses import Response
 
+from client.attempt import AttemptRunner, Retryable
 from client.backends import Backend, InFlightLease
 from client.config import ClientConfig
-from client.jumpers import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
-from client.metrics import GatewayMetrics, Outcome, outcome_of_status
+from client.metrics import GatewayMetrics
 from client.requests import ForwardRequest
 from client.routing import Router
-from client.stream_relay import StreamRelay, returned_headers
-from client.translation import Translation
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
 
 #: Caller headers worth passing on (request correlation); credentials are never forwarded.
 FORWARDED_REQUEST_HEADERS = ("x-request-id", "traceparent")
-#: Upstream statuses that mean "this backend cannot take it now, another may".
-OVERLOAD_STATUSES = (429, 503)
-#: Upstream statuses that count against the backend's circuit and are retried elsewhere.
-FAILURE_STATUSES = (500, 502)
-#: Upstream statuses that mean a jumper's key is not accepted.
-REFUSED_KEY_STATUSES = (401, 403)
 #: Longest single backoff between two attempts.
 MAX_BACKOFF_SECONDS = 1.0
-
-
-class _Retryable(Exception):
-    """This attempt failed before any byte reached the caller; another backend may succeed.
-
-    ``response`` is what the caller gets if no other attempt is possible.
-    """
-
-    def __init__(self, reason: str, response: Response) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.response = response
 
 
 class Proxy:
@@ -75,18 +50,26 @@ class Proxy:
         config: ClientConfig,
         rng: random.Random | None = None,
     ) -> None:
-        self.local_client = local_client
-        self.upstream_client = upstream_client
         self.router = router
         self.metrics = metrics
-        #: Replaced on config reload; read at every request.
-        self.config = config
+        self.attempts = AttemptRunner(local_client, upstream_client, metrics, config)
+        self._config = config
         self._rng = rng or random.Random()
+
+    @property
+    def config(self) -> ClientConfig:
+        """The running config (attempt budget, backoff, timeouts); read at every request."""
+        return self._config
+
+    @config.setter
+    def config(self, config: ClientConfig) -> None:
+        self._config = config
+        self.attempts.config = config
 
     async def forward(self, request: ForwardRequest) -> Response:
         """The answer for ``request``; raises :class:`APIError` when no backend could be tried."""
         tried: list[Backend] = []
-        last_failure: _Retryable | None = None
+        last_failure: Retryable | None = None
         max_attempts = self.config.max_attempts
         for attempt in range(2 * max_attempts):  # local tier budget + jumper tier budget
             if attempt > 0:  # before choosing, so the choice sees the state after the pause
@@ -106,8 +89,8 @@ class Proxy:
             lease = InFlightLease(backend)
             tried.append(backend)
             try:
-                return await self._attempt(backend, lease, request)
-            except _Retryable as failure:
+                return await self.attempts.run(backend, lease, request)
+            except Retryable as failure:
                 self.metrics.count_retry(backend, failure.reason)
                 last_failure = failure
         assert last_failure is not None
@@ -128,270 +111,3 @@ class Proxy:
         """Full jitter: uniform in [0, base * 2**(attempt-1)], capped."""
         ceiling = min(self.config.retry_backoff_seconds * 2 ** (attempt - 1), MAX_BACKOFF_SECONDS)
         return self._rng.uniform(0, ceiling)
-
-    # -- one attempt -----------------------------------------------------------------------
-
-    async def _attempt(
-        self, backend: Backend, lease: InFlightLease, request: ForwardRequest
-    ) -> Response:
-        """Send ``request`` to ``backend``; raises :class:`_Retryable` if another may try.
-
-        Until its first byte, the attempt runs as a task of its own that the backend can
-        abandon when its heartbeats declare it down (a hung server: connections accepted,
-        nothing answered); the request is then retried elsewhere.
-        """
-        task = asyncio.ensure_future(self._attempt_task(backend, lease, request))
-        is_abandoned = False
-
-        def abandon() -> None:
-            nonlocal is_abandoned
-            is_abandoned = lease.is_abandoned = True
-            task.cancel()
-
-        backend.waiting_attempts.add(abandon)
-        try:
-            return await task
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if not is_abandoned or (current is not None and current.cancelling()):
-                raise  # the caller went away
-            logger.warning("abandoned %s on %s: it was marked down", request.path, backend.name)
-            error = APIError(
-                503, "the model server stopped answering", headers={"Retry-After": "1"}
-            )
-            raise _Retryable("abandoned", error.to_json_response()) from None
-        finally:
-            backend.waiting_attempts.discard(abandon)
-
-    async def _attempt_task(
-        self, backend: Backend, lease: InFlightLease, request: ForwardRequest
-    ) -> Response:
-        translation = backend.translation_for(request)
-        try:
-            response = await self._send(backend, request, translation)
-        except _Retryable:
-            lease.release(is_failure=True)
-            raise
-        except BaseException:
-            self._cancelled(backend, lease, request)
-            raise
-        try:
-            if response.status_code >= 400:
-                return await self._error_answer(backend, lease, request, response, translation)
-            if request.info.is_stream:
-                return await self._stream_answer(backend, lease, request, response, translation)
-            return await self._json_answer(backend, lease, request, response, translation)
-        except BaseException:
-            if not lease.is_released:  # cancelled (or a bug) where no verdict was given
-                self._cancelled(backend, lease, request)
-            # Make sure the connection goes (shielded: this also runs when the caller's task
-            # is being cancelled).
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
-            raise
-
-    async def _send(
-        self, backend: Backend, request: ForwardRequest, translation: Translation | None
-    ) -> httpx.Response:
-        headers = {"content-type": "application/json", **request.headers}
-        headers.update(backend.request_headers())
-        client = self.local_client if backend.is_local else self.upstream_client
-        if translation is not None:
-            path, body = translation.request()
-        else:
-            path, body = request.path, self._body_for(backend, request)
-        upstream_request = client.build_request(
-            "POST", backend.url_for(path), content=body, headers=headers, timeout=self._timeout()
-        )
-        try:
-            return await client.send(upstream_request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            if isinstance(backend, OpenAIJumper):
-                backend.rest(self.config.jumper_cooldown_seconds)
-            else:
-                backend.mark_unreachable(f"{type(exc).__name__}: {exc}")
-            self._observe(backend, request, "unreachable")
-            logger.warning("cannot reach %s for %s: %r", backend.name, request.path, exc)
-            error = APIError(
-                503,
-                "the model server chosen for this request is unreachable",
-                headers={"Retry-After": "1"},
-            )
-            raise _Retryable("unreachable", error.to_json_response()) from None
-        except httpx.HTTPError as exc:
-            raise self._transport_failure(backend, request, exc) from None
-
-    def _body_for(self, backend: Backend, request: ForwardRequest) -> bytes:
-        """The body as sent to ``backend``: unchanged unless the upstream names the model
-        differently (``model_map`` of a jumper)."""
-        model = request.info.model
-        upstream_model = backend.upstream_model(model)
-        if upstream_model == model:
-            return request.body
-        data = json.loads(request.body)
-        data["model"] = upstream_model
-        return json.dumps(data).encode()
-
-    def _timeout(self) -> httpx.Timeout:
-        config = self.config
-        # The read timeout bounds the silence between two chunks, so a long stream that keeps
-        # producing is never cut, while a stuck server is.
-        return httpx.Timeout(
-            connect=config.connect_timeout_seconds,
-            read=config.request_timeout_seconds,
-            write=config.request_timeout_seconds,
-            pool=config.connect_timeout_seconds,
-        )
-
-    def _transport_failure(
-        self, backend: Backend, request: ForwardRequest, exc: httpx.HTTPError
-    ) -> Exception:
-        """The exception for a connection that broke or went silent before any byte was relayed.
-
-        Timeouts end the request (504); a broken connection (the server died) is retryable.
-        """
-        logger.warning("request %s to %s failed: %r", request.path, backend.name, exc)
-        if isinstance(exc, httpx.TimeoutException):
-            self._observe(backend, request, "timeout")
-            return APIError(504, "the model server did not answer in time")
-        self._observe(backend, request, "upstream_broken")
-        error = APIError(502, f"the model server's answer broke off ({type(exc).__name__})")
-        return _Retryable("upstream_broken", error.to_json_response())
-
-    async def _error_answer(
-        self,
-        backend: Backend,
-        lease: InFlightLease,
-        request: ForwardRequest,
-        response: httpx.Response,
-        translation: Translation | None,
-    ) -> Response:
-        """An upstream 4xx/5xx: passed back, or retried elsewhere when another may succeed."""
-        status = response.status_code
-        try:
-            body = await response.aread()
-        except httpx.HTTPError:
-            body = b""
-        finally:
-            await response.aclose()
-        if translation is not None:
-            status, body = translation.error(status, body)
-        self._observe(backend, request, outcome_of_status(status))
-        if isinstance(backend, OpenAIJumper):
-            body = backend.scrub(body.decode("utf-8", "replace")).encode()
-        answer = Response(
-            body,
-            status_code=status,
-            headers=returned_headers(response),
-            media_type="application/json",
-        )
-        if isinstance(backend, OpenAIJumper) and status in REFUSED_KEY_STATUSES:
-            lease.release()
-            backend.rest(REFUSED_KEY_COOLDOWN_SECONDS)
-            logger.error(
-                "upstream %s refused the gateway's key (HTTP %d); the key rests %.0f s",
-                backend.name,
-                status,
-                REFUSED_KEY_COOLDOWN_SECONDS,
-            )
-            # The caller's own credentials are fine: this is the gateway's problem.
-            error = APIError(502, f"the upstream refused the gateway's credentials (HTTP {status})")
-            raise _Retryable("key_refused", error.to_json_response())
-        if status in OVERLOAD_STATUSES:
-            lease.release()
-            if isinstance(backend, OpenAIJumper):
-                backend.rest(_retry_after(response) or self.config.jumper_cooldown_seconds)
-            raise _Retryable("overloaded", answer)
-        if status in FAILURE_STATUSES:
-            lease.release(is_failure=True)
-            raise _Retryable("server_error", answer)
-        lease.release(is_failure=False)  # a 4xx is the request's fault, not the server's
-        self.metrics.observe_request(request.info.endpoint, outcome_of_status(status), request)
-        return answer
-
-    async def _json_answer(
-        self,
-        backend: Backend,
-        lease: InFlightLease,
-        request: ForwardRequest,
-        response: httpx.Response,
-        translation: Translation | None,
-    ) -> Response:
-        try:
-            body = await response.aread()
-        except httpx.HTTPError as exc:
-            lease.release(is_failure=True)
-            raise self._transport_failure(backend, request, exc) from None
-        except BaseException:
-            self._cancelled(backend, lease, request)
-            raise
-        finally:
-            # Closing before the answer is complete drops the connection: the server aborts.
-            await response.aclose()
-        lease.release(is_failure=False)
-        self._observe(backend, request, "ok")
-        self.metrics.observe_request(request.info.endpoint, "ok", request)
-        if translation is not None:
-            body = translation.answer(body)
-        return Response(
-            body,
-            status_code=response.status_code,
-            headers=returned_headers(response),
-            media_type=response.headers.get("content-type", "application/json"),
-        )
-
-    async def _stream_answer(
-        self,
-        backend: Backend,
-        lease: InFlightLease,
-        request: ForwardRequest,
-        response: httpx.Response,
-        translation: Translation | None,
-    ) -> Response:
-        """Prime the stream (read its first chunk), then relay the rest as it comes."""
-        chunks: AsyncIterator[bytes] = response.aiter_bytes()
-        translator = translation.stream() if translation is not None else None
-        try:
-            # A translated stream's first upstream chunk may hold no complete event yet: read
-            # until there is something to send, so the priming really covers the first byte.
-            first_chunk = b""
-            async for chunk in chunks:
-                first_chunk = translator.feed(chunk) if translator else chunk
-                if first_chunk:
-                    break
-        except httpx.HTTPError as exc:
-            lease.release(is_failure=True)
-            raise self._transport_failure(backend, request, exc) from None
-        except BaseException:
-            self._cancelled(backend, lease, request)
-            raise
-
-        def on_close(outcome: Outcome) -> None:
-            is_failure = None if outcome == "cancelled" else outcome != "ok"
-            lease.release(is_failure=is_failure)
-            self._observe(backend, request, outcome)
-            self.metrics.observe_request(request.info.endpoint, outcome, request)
-
-        return StreamRelay(response, first_chunk, chunks, on_close, translator)
-
-    def _cancelled(self, backend: Backend, lease: InFlightLease, request: ForwardRequest) -> None:
-        """An attempt was cancelled: the caller went away, or the backend was marked down
-        while the attempt waited (abandoned: a failure of the backend)."""
-        if lease.is_abandoned:
-            lease.release(is_failure=True)
-            self._observe(backend, request, "abandoned")
-        else:
-            lease.release()
-            self._observe(backend, request, "cancelled")
-
-    def _observe(self, backend: Backend, request: ForwardRequest, outcome: Outcome) -> None:
-        self.metrics.observe_attempt(backend, request.info.endpoint, outcome, request)
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    """The upstream's Retry-After in seconds, when it gave a number."""
-    value = response.headers.get("retry-after", "")
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        return None
