@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import anyio
 import httpx
@@ -46,6 +47,20 @@ class Retryable(Exception):
         super().__init__(reason)
         self.reason = reason
         self.response = response
+
+
+@dataclass
+class _Attempt:
+    """What every step of one attempt needs."""
+
+    backend: Backend
+    lease: InFlightLease
+    request: ForwardRequest
+    translation: Translation | None
+
+    def parts(self) -> tuple[Backend, InFlightLease, ForwardRequest, Translation | None]:
+        """The four, for unpacking."""
+        return self.backend, self.lease, self.request, self.translation
 
 
 class AttemptRunner:
@@ -108,12 +123,13 @@ class AttemptRunner:
         except BaseException:
             self._cancelled(backend, lease, request)
             raise
+        attempt = _Attempt(backend, lease, request, translation)
         try:
             if response.status_code >= 400:
-                return await self._error_answer(backend, lease, request, response, translation)
+                return await self._error_answer(attempt, response)
             if request.info.is_stream:
-                return await self._stream_answer(backend, lease, request, response, translation)
-            return await self._json_answer(backend, lease, request, response, translation)
+                return await self._stream_answer(attempt, response)
+            return await self._json_answer(attempt, response)
         except BaseException:
             if not lease.is_released:  # cancelled (or a bug) where no verdict was given
                 self._cancelled(backend, lease, request)
@@ -191,15 +207,9 @@ class AttemptRunner:
         error = APIError(502, f"the model server's answer broke off ({type(exc).__name__})")
         return Retryable("upstream_broken", error.to_json_response())
 
-    async def _error_answer(
-        self,
-        backend: Backend,
-        lease: InFlightLease,
-        request: ForwardRequest,
-        response: httpx.Response,
-        translation: Translation | None,
-    ) -> Response:
+    async def _error_answer(self, attempt: _Attempt, response: httpx.Response) -> Response:
         """An upstream 4xx/5xx: passed back, or retried elsewhere when another may succeed."""
+        backend, lease, request, translation = attempt.parts()
         status = response.status_code
         try:
             body = await response.aread()
@@ -242,14 +252,8 @@ class AttemptRunner:
         self.metrics.observe_request(request.info.endpoint, outcome_of_status(status), request)
         return answer
 
-    async def _json_answer(
-        self,
-        backend: Backend,
-        lease: InFlightLease,
-        request: ForwardRequest,
-        response: httpx.Response,
-        translation: Translation | None,
-    ) -> Response:
+    async def _json_answer(self, attempt: _Attempt, response: httpx.Response) -> Response:
+        backend, lease, request, translation = attempt.parts()
         try:
             body = await response.aread()
         except httpx.HTTPError as exc:
@@ -273,15 +277,9 @@ class AttemptRunner:
             media_type=response.headers.get("content-type", "application/json"),
         )
 
-    async def _stream_answer(
-        self,
-        backend: Backend,
-        lease: InFlightLease,
-        request: ForwardRequest,
-        response: httpx.Response,
-        translation: Translation | None,
-    ) -> Response:
+    async def _stream_answer(self, attempt: _Attempt, response: httpx.Response) -> Response:
         """Prime the stream (read its first chunk), then relay the rest as it comes."""
+        backend, lease, request, translation = attempt.parts()
         chunks: AsyncIterator[bytes] = response.aiter_bytes()
         translator = translation.stream() if translation is not None else None
         try:
