@@ -15,7 +15,8 @@ and record files; its gateway is ``$LLM_SUITE_GATEWAY_URL`` (the entry's ``env``
 or the deployment's ``run_dir`` says otherwise (in that order of precedence).
 
 Deployments are JSON files (``configs/deployment.json`` by default) validated by the pydantic
-models below; relative paths in them are relative to the repository root.
+models in ``utils/launcher/deployment.py``; relative paths in them are relative to the
+repository root.
 """
 
 from __future__ import annotations
@@ -34,139 +35,37 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-REPO_ROOT: Path = Path(__file__).resolve().parent
+from utils.launcher.console import (
+    StartAppError,
+    err,
+    print_log_tail,
+    say,
+    tail_lines,
+)
+from utils.launcher.deployment import (
+    APP_KINDS,
+    DEFAULT_DEPLOYMENT,
+    DEFAULT_HEALTH_TIMEOUT,
+    REPO_ROOT,
+    ROLE_ORDER,
+    AppEntry,
+    Deployment,
+    base_url,
+    bind_address,
+    format_loc,
+    load_deployment,
+    resolve_path,
+)
+
 RUN_DIR_ENV: str = "LLM_SUITE_RUN_DIR"
-DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"
-DEFAULT_HEALTH_TIMEOUT: float = 180.0
+
+
 #: How long ``down``/``stop`` wait after SIGTERM before SIGKILL of the whole process group.
 STOP_GRACE_SECONDS: float = 20.0
-LOG_TAIL_LINES: int = 40
-
-AppKindName = Literal["client", "cb_server", "sb_server", "chat_ui"]
-
-
-@dataclass(frozen=True)
-class AppKind:
-    """What start_app knows about one of the suite's apps."""
-
-    module: str
-    default_config: str | None
-    default_port: int
-    #: Servers start before the gateway, so that its first heartbeat already finds them, and
-    #: the UI after it, so that its first page lists the models.
-    role: Literal["server", "gateway", "ui"]
-    #: gunicorn serves ``MODULE:build_app(CONFIG)``; streamlit runs the file ``MODULE.py``.
-    launcher: Literal["gunicorn", "streamlit"] = "gunicorn"
-    health_path: str = "/health"
-
-
-APP_KINDS: dict[str, AppKind] = {
-    "client": AppKind("client_app", "configs/client_config.json", 8000, "gateway"),
-    "cb_server": AppKind(
-        "continuous_batching_server_app", "configs/cb_server_config.json", 8001, "server"
-    ),
-    "sb_server": AppKind(
-        "static_batching_server_app", "configs/sb_server_config.json", 8002, "server"
-    ),
-    "chat_ui": AppKind(
-        "chat_ui_app", None, 8501, "ui", launcher="streamlit", health_path="/_stcore/health"
-    ),
-}
-#: Start order by role (sorted() is stable: file order within a role).
-ROLE_ORDER: dict[str, int] = {"server": 0, "gateway": 1, "ui": 2}
-
-# Names become file names in the run folder: keep them to a safe alphabet.
-NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"
-MODULE_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-
-
-class AppEntry(BaseModel):
-    """One app of a deployment file."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str = Field(pattern=NAME_PATTERN, description="unique name: record, pid and log files")
-    app: AppKindName | None = Field(default=None, description="which app of the suite to run")
-    module: str | None = Field(
-        default=None,
-        pattern=MODULE_PATTERN,
-        description="import this module's build_app instead of the app's own (tests, plugins)",
-    )
-    config: str | None = Field(default=None, description="config file passed to build_app")
-    host: str = "127.0.0.1"
-    port: int = Field(ge=1, le=65535)
-    workers: int = Field(default=1, ge=1, le=64)
-    enabled: bool = True
-    pythonpath: list[str] = Field(
-        default_factory=list, description="folders put in front of PYTHONPATH for this app"
-    )
-    env: dict[str, str] = Field(default_factory=dict, description="extra environment variables")
-    health_timeout_seconds: float = Field(default=DEFAULT_HEALTH_TIMEOUT, gt=0)
-
-    @model_validator(mode="after")
-    def _app_or_module(self) -> AppEntry:
-        if self.app is None and self.module is None:
-            raise ValueError(f"give 'app' (one of {', '.join(APP_KINDS)}) or 'module'")
-        if self.launcher == "streamlit" and (self.config or self.workers != 1):
-            raise ValueError(
-                f"app {self.app!r} takes no config file and runs one process (workers 1); "
-                "point it at a gateway with env LLM_SUITE_GATEWAY_URL"
-            )
-        return self
-
-    @property
-    def module_name(self) -> str:
-        """The Python module whose ``build_app`` gunicorn imports."""
-        if self.module:
-            return self.module
-        assert self.app is not None  # guaranteed by _app_or_module
-        return APP_KINDS[self.app].module
-
-    @property
-    def role(self) -> str:
-        """``gateway`` for the client app, ``ui`` for the chat UI, ``server`` otherwise."""
-        return APP_KINDS[self.app].role if self.app else "server"
-
-    @property
-    def launcher(self) -> str:
-        """``gunicorn`` for the ASGI apps, ``streamlit`` for the chat UI."""
-        return APP_KINDS[self.app].launcher if self.app else "gunicorn"
-
-    @property
-    def health_path(self) -> str:
-        """The path that answers 200 once the app is ready."""
-        return APP_KINDS[self.app].health_path if self.app else "/health"
-
-
-class Deployment(BaseModel):
-    """A deployment file: which apps to run, where, with which configs."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    run_dir: str | None = Field(default=None, description="pid/log folder (default <repo>/run)")
-    apps: list[AppEntry] = Field(min_length=1)
-
-    @model_validator(mode="after")
-    def _unique(self) -> Deployment:
-        names = [a.name for a in self.apps]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise ValueError(f"app names must be unique; repeated: {', '.join(duplicates)}")
-        seen: dict[int, str] = {}
-        for entry in self.apps:
-            if not entry.enabled:
-                continue
-            if entry.port in seen:
-                raise ValueError(
-                    f"enabled apps {seen[entry.port]!r} and {entry.name!r} "
-                    f"both use port {entry.port}"
-                )
-            seen[entry.port] = entry.name
-        return self
 
 
 class AppRecord(BaseModel):
@@ -194,64 +93,6 @@ class AppRecord(BaseModel):
     def url(self) -> str:
         """Base URL clients use to reach the app."""
         return base_url(self.host, self.port)
-
-
-class StartAppError(RuntimeError):
-    """A problem reported to the user as one clear message (no traceback)."""
-
-
-def _say(message: str = "") -> None:
-    print(message, flush=True)
-
-
-def _err(message: str) -> None:
-    print(f"error: {message}", file=sys.stderr, flush=True)
-
-
-# ----------------------------------------------------------------------------- paths and files
-
-
-def resolve_path(value: str | os.PathLike[str]) -> Path:
-    """Resolve a path from a deployment file: relative means relative to the repository root."""
-    path = Path(value).expanduser()
-    return path if path.is_absolute() else (REPO_ROOT / path)
-
-
-def _format_loc(loc: Sequence[int | str]) -> str:
-    out = ""
-    for part in loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "(top level)"
-
-
-def load_deployment(path: str | os.PathLike[str]) -> Deployment:
-    """Read and validate a deployment file.
-
-    Raises :class:`StartAppError` whose message names the file, the key and the problem.
-    """
-    file = resolve_path(path)
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise StartAppError(f"cannot read deployment file {file}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StartAppError(
-            f"deployment file {file} is not valid JSON: {exc.msg} "
-            f"(line {exc.lineno}, column {exc.colno})"
-        ) from None
-    try:
-        return Deployment.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"bad deployment file {file}:"]
-        for error in exc.errors():
-            key = _format_loc(error["loc"])
-            detail = error["msg"]
-            if error["type"] != "missing" and "input" in error:
-                detail += f" (got {json.dumps(error['input'], default=str)[:80]})"
-            lines.append(f"  {key}: {detail}")
-        raise StartAppError("\n".join(lines)) from None
 
 
 def resolve_run_dir(cli_value: str | None = None, deployment: Deployment | None = None) -> Path:
@@ -301,29 +142,14 @@ def list_records(run_dir: Path) -> list[AppRecord]:
     return sorted(records, key=lambda r: r.started_at)
 
 
-def _remove_record(run_dir: Path, name: str) -> None:
+def remove_record(run_dir: Path, name: str) -> None:
     for path in (record_path(run_dir, name), pid_path(run_dir, name), run_dir / f"{name}.ctl"):
         with contextlib.suppress(FileNotFoundError):
             path.unlink()
 
 
-def tail_lines(path: Path, n: int = LOG_TAIL_LINES) -> list[str]:
-    """Return the last ``n`` lines of a text file (empty when it does not exist)."""
-    try:
-        with open(path, "rb") as handle:
-            handle.seek(0, os.SEEK_END)
-            size = handle.tell()
-            # Logs may be large: read only as much of the end as the lines need.
-            chunk = min(size, max(64 * 1024, n * 400))
-            handle.seek(size - chunk)
-            data = handle.read()
-    except OSError:
-        return []
-    return data.decode("utf-8", errors="replace").splitlines()[-n:] if n > 0 else []
-
-
 @contextlib.contextmanager
-def _start_lock(run_dir: Path) -> Iterator[None]:
+def start_lock(run_dir: Path) -> Iterator[None]:
     """Refuse two concurrent ``up``/``start`` runs on one run folder (they would race on ports)."""
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".start.lock", "w") as handle:
@@ -334,9 +160,6 @@ def _start_lock(run_dir: Path) -> Iterator[None]:
                 f"another start_app.py up/start is running on {run_dir}; wait for it to finish"
             ) from None
         yield
-
-
-# ----------------------------------------------------------------------------- processes
 
 
 def _proc_stat(pid: int) -> list[str] | None:
@@ -387,7 +210,7 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def _is_ours(record: AppRecord) -> bool:
+def is_ours(record: AppRecord) -> bool:
     """Guard against pid reuse: the live process must be the gunicorn we started."""
     try:
         cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
@@ -397,19 +220,6 @@ def _is_ours(record: AppRecord) -> bool:
     if "streamlit" in args:  # the chat UI: ``python -m streamlit run ... --server.port PORT``
         return str(record.port) in args
     return "gunicorn" in " ".join(args) and bind_address(record.host, record.port) in args
-
-
-def bind_address(host: str, port: int) -> str:
-    """gunicorn's --bind value (IPv6 literals need brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def base_url(host: str, port: int) -> str:
-    """URL to reach an app bound to ``host``: wildcard binds are reached over loopback."""
-    connect = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    if ":" in connect:
-        connect = f"[{connect}]"
-    return f"http://{connect}:{port}"
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -453,15 +263,15 @@ def stop_record(
 
     Returns True when nothing of the app is left running. Removes the record and pid file.
     """
-    ours = pid_alive(record.pid) and _is_ours(record)
+    ours = pid_alive(record.pid) and is_ours(record)
     if not ours:
-        _say(f"  {record.name}: not running (pid {record.pid} is gone); record removed")
+        say(f"  {record.name}: not running (pid {record.pid} is gone); record removed")
     else:
-        _say(f"  {record.name}: stopping pid {record.pid} (SIGTERM) ...")
+        say(f"  {record.name}: stopping pid {record.pid} (SIGTERM) ...")
         with contextlib.suppress(ProcessLookupError):
             os.kill(record.pid, signal.SIGTERM)
         if not _wait_gone(record.pid, grace, popen):
-            _say(f"  {record.name}: still running after {grace:.0f} s, sending SIGKILL")
+            say(f"  {record.name}: still running after {grace:.0f} s, sending SIGKILL")
     # Workers of a master that died hard would be orphans in the group: kill the whole group.
     if ours or group_members(record.pgid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -476,12 +286,12 @@ def stop_record(
     left = group_members(record.pgid) if ours else []
     if pid_alive(record.pid) and ours:
         left.append(record.pid)
-    _remove_record(run_dir, record.name)
+    remove_record(run_dir, record.name)
     if left:
-        _err(f"{record.name}: processes still running: {sorted(set(left))}")
+        err(f"{record.name}: processes still running: {sorted(set(left))}")
         return False
     if ours:
-        _say(f"  {record.name}: stopped")
+        say(f"  {record.name}: stopped")
     return True
 
 
@@ -687,14 +497,6 @@ def wait_healthy(started: StartedApp, timeout: float) -> tuple[bool, str]:
         time.sleep(0.3)
 
 
-def _print_log_tail(record: AppRecord, n: int = LOG_TAIL_LINES) -> None:
-    lines = tail_lines(Path(record.log_file), n)
-    print(f"---- last {len(lines)} lines of {record.log_file} ----", file=sys.stderr)
-    for line in lines:
-        print(f"  | {line}", file=sys.stderr)
-    print("---- end of log ----", file=sys.stderr, flush=True)
-
-
 def bring_up(entries: Sequence[AppEntry], run_dir: Path, timeout: float | None = None) -> int:
     """Start ``entries`` (servers first, then the gateway), each healthy before the next.
 
@@ -702,12 +504,12 @@ def bring_up(entries: Sequence[AppEntry], run_dir: Path, timeout: float | None =
     ``timeout`` overrides each entry's ``health_timeout_seconds``.
     """
     ordered = sorted(entries, key=lambda e: ROLE_ORDER[e.role])  # stable: file order kept
-    with _start_lock(run_dir):
+    with start_lock(run_dir):
         running: set[str] = set()
         problems: list[str] = []
         for entry in ordered:
             record = read_record(run_dir, entry.name)
-            if record and pid_alive(record.pid) and _is_ours(record):
+            if record and pid_alive(record.pid) and is_ours(record):
                 running.add(entry.name)
                 continue
             problem = preflight(entry)
@@ -715,37 +517,37 @@ def bring_up(entries: Sequence[AppEntry], run_dir: Path, timeout: float | None =
                 problems.append(f"app {entry.name!r} (port {entry.port}): {problem}")
         if problems:
             for problem in problems:
-                _err(problem)
-            _err("nothing was started")
+                err(problem)
+            err("nothing was started")
             return 1
 
         started: list[StartedApp] = []
         try:
             for entry in ordered:
                 if entry.name in running:
-                    _say(f"{entry.name}: already running, left as it is")
+                    say(f"{entry.name}: already running, left as it is")
                     continue
-                _say(
+                say(
                     f"{entry.name}: starting {entry.module_name} on "
                     f"{bind_address(entry.host, entry.port)} "
                     f"(workers {entry.workers}, config {entry.config or '-'})"
                 )
                 app = start_entry(entry, run_dir)
                 started.append(app)
-                _say(f"{entry.name}: pid {app.record.pid}, log {app.record.log_file}")
+                say(f"{entry.name}: pid {app.record.pid}, log {app.record.log_file}")
                 ok, why = wait_healthy(app, timeout or entry.health_timeout_seconds)
                 if not ok:
-                    _err(f"app {entry.name!r} ({app.record.url}) failed to start: {why}")
-                    _print_log_tail(app.record)
+                    err(f"app {entry.name!r} ({app.record.url}) failed to start: {why}")
+                    print_log_tail(app.record.log_file)
                     _stop_started(started, run_dir)
                     return 1
-                _say(f"{entry.name}: {why} at {app.record.url}")
+                say(f"{entry.name}: {why} at {app.record.url}")
         except KeyboardInterrupt:
-            _err("interrupted")
+            err("interrupted")
             _stop_started(started, run_dir)
             return 130
         except OSError as exc:
-            _err(f"could not launch: {exc}")
+            err(f"could not launch: {exc}")
             _stop_started(started, run_dir)
             return 1
     return 0
@@ -753,12 +555,9 @@ def bring_up(entries: Sequence[AppEntry], run_dir: Path, timeout: float | None =
 
 def _stop_started(started: list[StartedApp], run_dir: Path) -> None:
     if started:
-        _say("stopping what this run started:")
+        say("stopping what this run started:")
     for app in reversed(started):
         stop_record(app.record, run_dir, popen=app.popen)
-
-
-# ----------------------------------------------------------------------------- commands
 
 
 def _deployment_for_run_dir(args: argparse.Namespace) -> Deployment | None:
@@ -778,21 +577,21 @@ def cmd_up(args: argparse.Namespace) -> int:
     run_dir = resolve_run_dir(args.run_dir, deployment)
     entries = [e for e in deployment.apps if e.enabled]
     if not entries:
-        _say("the deployment enables no app; nothing to do")
+        say("the deployment enables no app; nothing to do")
         return 0
     code = bring_up(entries, run_dir, args.timeout)
     if code == 0:
-        _say()
+        say()
         _print_status(run_dir, None)
-        _say()
-        _say(f"all up. Stop with: python {Path(sys.argv[0]).name} down")
+        say()
+        say(f"all up. Stop with: python {Path(sys.argv[0]).name} down")
     return code
 
 
 def _stop_all(run_dir: Path) -> int:
     records = list_records(run_dir)
     if not records:
-        _say(f"nothing recorded in {run_dir}: nothing to stop")
+        say(f"nothing recorded in {run_dir}: nothing to stop")
         return 0
     ok = True
     # Reverse start order: the gateway goes first, so it stops sending work to the servers.
@@ -804,7 +603,7 @@ def _stop_all(run_dir: Path) -> int:
 def cmd_down(args: argparse.Namespace) -> int:
     """``down``: stop every app recorded in the run folder."""
     run_dir = resolve_run_dir(args.run_dir, _deployment_for_run_dir(args))
-    _say(f"stopping apps recorded in {run_dir}")
+    say(f"stopping apps recorded in {run_dir}")
     return _stop_all(run_dir)
 
 
@@ -812,7 +611,7 @@ def _status_rows(run_dir: Path, deployment: Deployment | None) -> list[dict[str,
     rows: list[dict[str, Any]] = []
     recorded = {r.name: r for r in list_records(run_dir)}
     for record in recorded.values():
-        alive = pid_alive(record.pid) and _is_ours(record)
+        alive = pid_alive(record.pid) and is_ours(record)
         status, text = probe_health(record.url, path=record.health_path) if alive else (None, "-")
         rows.append(
             {
@@ -846,7 +645,7 @@ def _print_status(run_dir: Path, deployment: Deployment | None, as_json: bool = 
         print(json.dumps(rows, indent=2), flush=True)
         return
     if not rows:
-        _say(f"no apps recorded in {run_dir}")
+        say(f"no apps recorded in {run_dir}")
         return
     header = ["APP", "PID", "ALIVE", "URL", "/health"]
     table = [
@@ -855,7 +654,7 @@ def _print_status(run_dir: Path, deployment: Deployment | None, as_json: bool = 
     ]
     widths = [max(len(row[i]) for row in [header, *table]) for i in range(len(header))]
     for row in [header, *table]:
-        _say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+        say("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 
 def cmd_status(args: argparse.Namespace) -> int:
@@ -903,7 +702,7 @@ def _entry_for_start(args: argparse.Namespace) -> tuple[AppEntry, Deployment | N
     try:
         return AppEntry.model_validate(base), deployment
     except ValidationError as exc:
-        problems = "; ".join(f"{_format_loc(e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(f"{format_loc(e['loc'])}: {e['msg']}" for e in exc.errors())
         raise StartAppError(f"cannot start {args.app!r}: {problems}") from None
 
 
@@ -920,7 +719,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
     record = read_record(run_dir, args.app)
     if record is None:
         known = ", ".join(r.name for r in list_records(run_dir)) or "none"
-        _err(f"no record of {args.app!r} in {run_dir} (recorded apps: {known})")
+        err(f"no record of {args.app!r} in {run_dir} (recorded apps: {known})")
         return 1
     return 0 if stop_record(record, run_dir) else 1
 
@@ -931,7 +730,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     path = log_path(run_dir, args.app)
     if not path.exists():
         logs = sorted(p.stem for p in (run_dir / "logs").glob("*.log"))
-        _err(f"no log file {path} (logs: {', '.join(logs) or 'none'})")
+        err(f"no log file {path} (logs: {', '.join(logs) or 'none'})")
         return 1
     for line in tail_lines(path, args.lines):
         print(line)
@@ -1077,7 +876,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except StartAppError as exc:
-        _err(str(exc))
+        err(str(exc))
         return 1
 
 
