@@ -22,22 +22,19 @@ repository root.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import importlib.util
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
 from utils.launcher.console import (
     StartAppError,
@@ -60,166 +57,23 @@ from utils.launcher.deployment import (
     load_deployment,
     resolve_path,
 )
-
-RUN_DIR_ENV: str = "LLM_SUITE_RUN_DIR"
-
-
-#: How long ``down``/``stop`` wait after SIGTERM before SIGKILL of the whole process group.
-STOP_GRACE_SECONDS: float = 20.0
-
-
-class AppRecord(BaseModel):
-    """What ``RUN/NAME.json`` remembers about a started app."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    name: str
-    app: str | None
-    module: str
-    config: str | None
-    host: str
-    port: int
-    workers: int
-    pid: int
-    pgid: int
-    log_file: str
-    pid_file: str
-    started_at: float
-    command: list[str]
-    #: Records written before the chat UI existed have no such key: they were all /health.
-    health_path: str = "/health"
-
-    @property
-    def url(self) -> str:
-        """Base URL clients use to reach the app."""
-        return base_url(self.host, self.port)
-
-
-def resolve_run_dir(cli_value: str | None = None, deployment: Deployment | None = None) -> Path:
-    """Pick the run folder: ``--run-dir``, then ``$LLM_SUITE_RUN_DIR``, deployment, default."""
-    if cli_value:
-        return resolve_path(cli_value)
-    env_value = os.environ.get(RUN_DIR_ENV)
-    if env_value:
-        return resolve_path(env_value)
-    if deployment is not None and deployment.run_dir:
-        return resolve_path(deployment.run_dir)
-    return REPO_ROOT / "run"
-
-
-def record_path(run_dir: Path, name: str) -> Path:
-    """Where the record of app ``name`` lives."""
-    return run_dir / f"{name}.json"
-
-
-def pid_path(run_dir: Path, name: str) -> Path:
-    """Where gunicorn writes the master pid of app ``name``."""
-    return run_dir / f"{name}.pid"
-
-
-def log_path(run_dir: Path, name: str) -> Path:
-    """Where the output of app ``name`` goes."""
-    return run_dir / "logs" / f"{name}.log"
-
-
-def read_record(run_dir: Path, name: str) -> AppRecord | None:
-    """Return the record of ``name``, or None when there is none (or it is unreadable)."""
-    path = record_path(run_dir, name)
-    try:
-        return AppRecord.model_validate_json(path.read_text())
-    except (OSError, ValidationError, ValueError):
-        return None
-
-
-def list_records(run_dir: Path) -> list[AppRecord]:
-    """All readable records in ``run_dir``, oldest start first."""
-    records = []
-    if run_dir.is_dir():
-        for path in run_dir.glob("*.json"):
-            record = read_record(run_dir, path.stem)
-            if record is not None:
-                records.append(record)
-    return sorted(records, key=lambda r: r.started_at)
-
-
-def remove_record(run_dir: Path, name: str) -> None:
-    for path in (record_path(run_dir, name), pid_path(run_dir, name), run_dir / f"{name}.ctl"):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
-
-
-@contextlib.contextmanager
-def start_lock(run_dir: Path) -> Iterator[None]:
-    """Refuse two concurrent ``up``/``start`` runs on one run folder (they would race on ports)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with open(run_dir / ".start.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise StartAppError(
-                f"another start_app.py up/start is running on {run_dir}; wait for it to finish"
-            ) from None
-        yield
-
-
-def _proc_stat(pid: int) -> list[str] | None:
-    """Fields of /proc/PID/stat after the command name (state first), or None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rsplit(")", 1)[1].split()
-
-
-def pid_alive(pid: int) -> bool:
-    """Tell whether ``pid`` runs. Zombies count as dead.
-
-    Zombies matter here: an app's master is re-parented when start_app exits, and where the new
-    parent (some container inits) never reaps, a dead master would look alive to kill(pid, 0).
-    """
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not Path("/proc/self/stat").exists():
-        return True  # no procfs (not Linux): kill(pid, 0) is all we know
-    stat = _proc_stat(pid)
-    return stat is not None and stat[0] not in ("Z", "X")
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of process group ``pgid``."""
-    proc = Path("/proc")
-    if not (proc / "self" / "stat").exists():
-        try:
-            os.killpg(pgid, 0)
-        except (ProcessLookupError, PermissionError):
-            return []
-        return [pgid]
-    members = []
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        stat = _proc_stat(int(entry.name))
-        if stat and stat[0] not in ("Z", "X") and int(stat[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
-def is_ours(record: AppRecord) -> bool:
-    """Guard against pid reuse: the live process must be the gunicorn we started."""
-    try:
-        cmdline = Path(f"/proc/{record.pid}/cmdline").read_bytes().split(b"\0")
-    except OSError:
-        return pid_alive(record.pid)  # no procfs: trust the record
-    args = [a.decode(errors="replace") for a in cmdline]
-    if "streamlit" in args:  # the chat UI: ``python -m streamlit run ... --server.port PORT``
-        return str(record.port) in args
-    return "gunicorn" in " ".join(args) and bind_address(record.host, record.port) in args
+from utils.launcher.processes import (
+    STOP_GRACE_SECONDS,
+    is_ours,
+    pid_alive,
+    stop_record,
+)
+from utils.launcher.rundir import (
+    RUN_DIR_ENV,
+    AppRecord,
+    list_records,
+    log_path,
+    pid_path,
+    read_record,
+    record_path,
+    resolve_run_dir,
+    start_lock,
+)
 
 
 def port_problem(host: str, port: int) -> str | None:
@@ -239,60 +93,6 @@ def port_problem(host: str, port: int) -> str | None:
         except OSError as exc:
             return f"cannot bind {bind_address(host, port)}: {exc.strerror or exc}"
     return None
-
-
-def _wait_gone(pid: int, timeout: float, popen: subprocess.Popen[bytes] | None) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if popen is not None:
-            popen.poll()  # reap our own child, or it would linger as a zombie
-        if not pid_alive(pid):
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(0.1)
-
-
-def stop_record(
-    record: AppRecord,
-    run_dir: Path,
-    grace: float = STOP_GRACE_SECONDS,
-    popen: subprocess.Popen[bytes] | None = None,
-) -> bool:
-    """Stop one app: SIGTERM to the gunicorn master, then SIGKILL to its process group.
-
-    Returns True when nothing of the app is left running. Removes the record and pid file.
-    """
-    ours = pid_alive(record.pid) and is_ours(record)
-    if not ours:
-        say(f"  {record.name}: not running (pid {record.pid} is gone); record removed")
-    else:
-        say(f"  {record.name}: stopping pid {record.pid} (SIGTERM) ...")
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(record.pid, signal.SIGTERM)
-        if not _wait_gone(record.pid, grace, popen):
-            say(f"  {record.name}: still running after {grace:.0f} s, sending SIGKILL")
-    # Workers of a master that died hard would be orphans in the group: kill the whole group.
-    if ours or group_members(record.pgid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(record.pgid, signal.SIGKILL)
-        _wait_gone(record.pid, 5.0, popen)
-        deadline = time.monotonic() + 5.0
-        while group_members(record.pgid) and time.monotonic() < deadline:
-            time.sleep(0.1)
-    if popen is not None:
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            popen.wait(timeout=1)
-    left = group_members(record.pgid) if ours else []
-    if pid_alive(record.pid) and ours:
-        left.append(record.pid)
-    remove_record(run_dir, record.name)
-    if left:
-        err(f"{record.name}: processes still running: {sorted(set(left))}")
-        return False
-    if ours:
-        say(f"  {record.name}: stopped")
-    return True
 
 
 @dataclass

@@ -4,4 +4,6 @@ Modules, lowest first (each imports only modules above it):
 
 - ``console`` — what the user reads: messages, errors, the tail of an app's log;
 - ``deployment`` — the deployment file: app kinds, entries, validation, addresses;
+- ``rundir`` — the run folder: records, pid and log files, the start lock;
+- ``processes`` — is an app's process alive and ours; stopping its process group;
 """
