@@ -22,15 +22,11 @@ repository root.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
-import socket
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +35,6 @@ from pydantic import ValidationError
 from utils.launcher.console import (
     StartAppError,
     err,
-    print_log_tail,
     say,
     tail_lines,
 )
@@ -48,15 +43,13 @@ from utils.launcher.deployment import (
     DEFAULT_DEPLOYMENT,
     DEFAULT_HEALTH_TIMEOUT,
     REPO_ROOT,
-    ROLE_ORDER,
     AppEntry,
     Deployment,
     base_url,
-    bind_address,
     format_loc,
     load_deployment,
-    resolve_path,
 )
+from utils.launcher.deployment import ROLE_ORDER as ROLE_ORDER
 from utils.launcher.processes import (
     STOP_GRACE_SECONDS,
     is_ours,
@@ -65,299 +58,12 @@ from utils.launcher.processes import (
 )
 from utils.launcher.rundir import (
     RUN_DIR_ENV,
-    AppRecord,
     list_records,
     log_path,
-    pid_path,
     read_record,
-    record_path,
     resolve_run_dir,
-    start_lock,
 )
-
-
-def port_problem(host: str, port: int) -> str | None:
-    """Return why ``host:port`` cannot be used by a new app, or None if it is free."""
-    connect_host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    # Something answering there is a clear "taken", whatever the bind test says.
-    with socket.socket(socket.AF_INET6 if ":" in connect_host else socket.AF_INET) as probe:
-        probe.settimeout(0.5)
-        if probe.connect_ex((connect_host, port)) == 0:
-            return f"port {port} on {host} is already in use (something accepts connections)"
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        # Like gunicorn, tolerate TIME_WAIT leftovers of a previous run.
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            return f"cannot bind {bind_address(host, port)}: {exc.strerror or exc}"
-    return None
-
-
-@dataclass
-class StartedApp:
-    """An app launched by this process (the Popen handle lets us reap and poll it)."""
-
-    entry: AppEntry
-    record: AppRecord
-    popen: subprocess.Popen[bytes]
-
-
-def build_command(entry: AppEntry, run_dir: Path) -> list[str]:
-    """The gunicorn (or, for the chat UI, streamlit) command line for ``entry``."""
-    if entry.launcher == "streamlit":
-        return build_streamlit_command(entry)
-    config = str(resolve_path(entry.config)) if entry.config else None
-    # gunicorn parses "module:func(args)" with ast.literal_eval: repr() gives a safe literal.
-    target = (
-        f"{entry.module_name}:build_app({config!r})"
-        if config
-        else f"{entry.module_name}:build_app()"
-    )
-    return [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        target,
-        "--worker-class",
-        "uvicorn_worker.UvicornWorker",
-        "--bind",
-        bind_address(entry.host, entry.port),
-        "--workers",
-        str(entry.workers),
-        "--timeout",
-        "600",
-        "--graceful-timeout",
-        "30",
-        "--pid",
-        str(pid_path(run_dir, entry.name)),
-        "--error-logfile",
-        "-",
-        "--access-logfile",
-        "-",
-        *_control_socket_args(run_dir, entry.name),
-    ]
-
-
-def build_streamlit_command(entry: AppEntry) -> list[str]:
-    """``streamlit run`` of the app's script, headless, without telemetry or file watching."""
-    script = REPO_ROOT / (entry.module_name.replace(".", "/") + ".py")
-    return [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        str(script),
-        "--server.headless",
-        "true",
-        "--server.address",
-        entry.host,
-        "--server.port",
-        str(entry.port),
-        "--browser.gatherUsageStats",
-        "false",
-        # Reruns on file change are for development; a deployment serves the file it started with.
-        "--server.fileWatcherType",
-        "none",
-        "--client.toolbarMode",
-        "viewer",
-    ]
-
-
-def _control_socket_args(run_dir: Path, name: str) -> list[str]:
-    """Give each master its own control socket (gunicorn >= 24 has one).
-
-    By default every master on the machine would share ``~/.gunicorn/gunicorn.ctl``. Unix socket
-    paths are limited to about 107 bytes, so a deep run folder gets none at all.
-    """
-    try:
-        from gunicorn.config import KNOWN_SETTINGS
-    except ImportError:
-        return []
-    if "control_socket" not in {setting.name for setting in KNOWN_SETTINGS}:
-        return []
-    socket_path = run_dir / f"{name}.ctl"
-    if len(str(socket_path).encode()) < 100:
-        return ["--control-socket", str(socket_path)]
-    return ["--no-control-socket"]
-
-
-def build_env(entry: AppEntry) -> dict[str, str]:
-    """Environment of an app: ours, offline model hub, repo and extra folders on PYTHONPATH."""
-    env = dict(os.environ)
-    env.update(
-        {
-            "HF_HUB_OFFLINE": "1",
-            "TOKENIZERS_PARALLELISM": "false",
-            "PYTHONUNBUFFERED": "1",  # log lines reach the log file as they happen
-            "LLM_SUITE_APP_NAME": entry.name,
-        }
-    )
-    paths = [str(resolve_path(p)) for p in entry.pythonpath] + [str(REPO_ROOT)]
-    if env.get("PYTHONPATH"):
-        paths.append(env["PYTHONPATH"])
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    env.update(entry.env)
-    return env
-
-
-def preflight(entry: AppEntry) -> str | None:
-    """Return why ``entry`` cannot start (missing config or package, taken port), or None."""
-    if entry.config and not resolve_path(entry.config).is_file():
-        return f"config file {resolve_path(entry.config)} does not exist"
-    if entry.launcher == "streamlit" and importlib.util.find_spec("streamlit") is None:
-        return (
-            f"streamlit is not installed in {sys.prefix}: pip install -e '.[ui]' "
-            f"(or disable the {entry.name!r} entry)"
-        )
-    return port_problem(entry.host, entry.port)
-
-
-def start_entry(entry: AppEntry, run_dir: Path) -> StartedApp:
-    """Launch one app in the background and write its record (does not wait for health)."""
-    logs = run_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_file = log_path(run_dir, entry.name)
-    if log_file.exists():
-        # Keep one previous log; the fresh one then shows only this run (its tail is the story).
-        log_file.replace(log_file.with_suffix(".log.1"))
-    command = build_command(entry, run_dir)
-    with open(log_file, "ab") as log:
-        log.write(f"# start_app: {' '.join(command)}\n".encode())
-        log.flush()
-        popen = subprocess.Popen(
-            command,
-            cwd=REPO_ROOT,
-            env=build_env(entry),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            # A session of its own: Ctrl-C in this shell does not reach the app, and the app's
-            # process group (master + workers) can be killed as one.
-            start_new_session=True,
-        )
-    record = AppRecord(
-        name=entry.name,
-        app=entry.app,
-        module=entry.module_name,
-        config=str(resolve_path(entry.config)) if entry.config else None,
-        host=entry.host,
-        port=entry.port,
-        workers=entry.workers,
-        pid=popen.pid,
-        pgid=popen.pid,
-        log_file=str(log_file),
-        pid_file=str(pid_path(run_dir, entry.name)),
-        started_at=time.time(),
-        command=command,
-        health_path=entry.health_path,
-    )
-    if entry.launcher != "gunicorn":
-        # gunicorn writes its own pid file; streamlit does not, and its process is the app.
-        Path(record.pid_file).write_text(f"{popen.pid}\n")
-    # Written at once, so that `down` finds the app even if this process is interrupted.
-    tmp = record_path(run_dir, entry.name).with_suffix(".json.tmp")
-    tmp.write_text(record.model_dump_json(indent=2) + "\n")
-    tmp.replace(record_path(run_dir, entry.name))
-    return StartedApp(entry=entry, record=record, popen=popen)
-
-
-def probe_health(url: str, timeout: float = 2.0, path: str = "/health") -> tuple[int | None, str]:
-    """GET ``url`` + ``path``; return (status code or None, short text)."""
-    import httpx  # imported here: `down` and `--help` stay fast
-
-    try:
-        # trust_env=False: a proxy from the environment must not intercept loopback calls.
-        with httpx.Client(timeout=timeout, trust_env=False) as client:
-            response = client.get(f"{url}{path}")
-    except httpx.HTTPError as exc:
-        return None, type(exc).__name__
-    body = " ".join(response.text.split())
-    return response.status_code, body[:60] + ("..." if len(body) > 60 else "")
-
-
-def wait_healthy(started: StartedApp, timeout: float) -> tuple[bool, str]:
-    """Wait until the app's /health answers 200, its process dies, or ``timeout`` passes."""
-    start = time.monotonic()
-    last = "no answer yet"
-    while True:
-        code = started.popen.poll()
-        if code is not None:
-            return False, f"its process exited with code {code} before /health answered"
-        status, text = probe_health(started.record.url, path=started.record.health_path)
-        if status == 200:
-            return True, f"healthy after {time.monotonic() - start:.1f} s"
-        if status is not None:
-            last = f"HTTP {status} {text}"
-        elif text:
-            last = text
-        if time.monotonic() - start > timeout:
-            return False, f"/health did not answer 200 within {timeout:.0f} s (last: {last})"
-        time.sleep(0.3)
-
-
-def bring_up(entries: Sequence[AppEntry], run_dir: Path, timeout: float | None = None) -> int:
-    """Start ``entries`` (servers first, then the gateway), each healthy before the next.
-
-    On any failure, stops what this call started and returns 1; returns 0 on success.
-    ``timeout`` overrides each entry's ``health_timeout_seconds``.
-    """
-    ordered = sorted(entries, key=lambda e: ROLE_ORDER[e.role])  # stable: file order kept
-    with start_lock(run_dir):
-        running: set[str] = set()
-        problems: list[str] = []
-        for entry in ordered:
-            record = read_record(run_dir, entry.name)
-            if record and pid_alive(record.pid) and is_ours(record):
-                running.add(entry.name)
-                continue
-            problem = preflight(entry)
-            if problem:
-                problems.append(f"app {entry.name!r} (port {entry.port}): {problem}")
-        if problems:
-            for problem in problems:
-                err(problem)
-            err("nothing was started")
-            return 1
-
-        started: list[StartedApp] = []
-        try:
-            for entry in ordered:
-                if entry.name in running:
-                    say(f"{entry.name}: already running, left as it is")
-                    continue
-                say(
-                    f"{entry.name}: starting {entry.module_name} on "
-                    f"{bind_address(entry.host, entry.port)} "
-                    f"(workers {entry.workers}, config {entry.config or '-'})"
-                )
-                app = start_entry(entry, run_dir)
-                started.append(app)
-                say(f"{entry.name}: pid {app.record.pid}, log {app.record.log_file}")
-                ok, why = wait_healthy(app, timeout or entry.health_timeout_seconds)
-                if not ok:
-                    err(f"app {entry.name!r} ({app.record.url}) failed to start: {why}")
-                    print_log_tail(app.record.log_file)
-                    _stop_started(started, run_dir)
-                    return 1
-                say(f"{entry.name}: {why} at {app.record.url}")
-        except KeyboardInterrupt:
-            err("interrupted")
-            _stop_started(started, run_dir)
-            return 130
-        except OSError as exc:
-            err(f"could not launch: {exc}")
-            _stop_started(started, run_dir)
-            return 1
-    return 0
-
-
-def _stop_started(started: list[StartedApp], run_dir: Path) -> None:
-    if started:
-        say("stopping what this run started:")
-    for app in reversed(started):
-        stop_record(app.record, run_dir, popen=app.popen)
+from utils.launcher.startup import bring_up, probe_health
 
 
 def _deployment_for_run_dir(args: argparse.Namespace) -> Deployment | None:

@@ -6,4 +6,6 @@ Modules, lowest first (each imports only modules above it):
 - ``deployment`` — the deployment file: app kinds, entries, validation, addresses;
 - ``rundir`` — the run folder: records, pid and log files, the start lock;
 - ``processes`` — is an app's process alive and ours; stopping its process group;
+- ``launch`` — the gunicorn / streamlit command line and environment; starting one app;
+- ``startup`` — bringing apps up: checks, start order, health waits, roll-back;
 """
