@@ -8,4 +8,6 @@ Modules, lowest first (each imports only modules above it):
 - ``processes`` — is an app's process alive and ours; stopping its process group;
 - ``launch`` — the gunicorn / streamlit command line and environment; starting one app;
 - ``startup`` — bringing apps up: checks, start order, health waits, roll-back;
+- ``commands`` — ``up``, ``down``, ``status``, ``start``, ``stop`` and ``logs``;
+- ``cli`` — the argument parser and ``main``, which ``start_app.py`` runs.
 """
