@@ -1,14 +1,16 @@
 """The gateway app: one address for users, routing to the model servers by model.
 
-Native API (``POST /generate``) and OpenAI-compatible API (``/v1/completions``,
-``/v1/chat/completions``, ``/v1/models``), streaming or not. Requests are validated here (a
-bad body gets a 400 naming the field without bothering a server), then the caller's original
-JSON is forwarded to a healthy server that serves the requested model, chosen by the
-configured balancing policy, with failover to other servers and, when no local server can
-take it, to the OpenAI jumpers. ``X-LLM-Route: local|openai|auto`` restricts where a request
-may go. With ``api_keys`` in the config, callers must send ``Authorization: Bearer <key>``
-(``/health`` and ``/metrics`` stay open for probes and scrapers). The config file is watched
-and re-read on change (and on SIGHUP when run directly), without dropping requests.
+Native API (``POST /generate``), OpenAI-compatible API (``/v1/completions``,
+``/v1/chat/completions``, ``/v1/models``) and Triton's generate API
+(``/v2/models/{m}/generate`` and ``generate_stream``, see ``client.triton_api``), streaming or
+not. Requests are validated here (a bad body gets a 400 naming the field without bothering a
+server), then the caller's original JSON is forwarded to a healthy server that serves the
+requested model, chosen by the configured balancing policy, with failover to other servers
+and, when no local server can take it, to the OpenAI jumpers. ``X-LLM-Route:
+local|openai|auto`` restricts where a request may go. With ``api_keys`` in the config, callers
+must send ``Authorization: Bearer <key>`` (``/health`` and ``/metrics`` stay open for probes
+and scrapers). The config file is watched and re-read on change (and on SIGHUP when run
+directly), without dropping requests.
 
 Run: ``python client_app.py --config configs/client_config.json --port 8000``; gunicorn calls
 ``build_app(config_path)``.
@@ -135,10 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: serve the gateway in the foreground with uvicorn."""
     parser = argparse.ArgumentParser(
         prog="python client_app.py",
-        description="LLM gateway: routes native and OpenAI-compatible requests to the model "
-        "servers listed in the config, by model, with health checks, a balancing policy, "
-        "failover and fallback to OpenAI-compatible upstreams. The config is re-read when the "
-        "file changes or on SIGHUP.",
+        description="LLM gateway: routes native, OpenAI-compatible and Triton generate "
+        "requests to the model servers listed in the config (continuous-batching, "
+        "static-batching and Triton servers), by model, with health checks, a balancing "
+        "policy, failover and fallback to OpenAI-compatible upstreams. The config is re-read "
+        "when the file changes or on SIGHUP.",
     )
     parser.add_argument(
         "--config", default=DEFAULT_CONFIG_PATH, help="gateway JSON config (default: %(default)s)"
