@@ -114,17 +114,10 @@ class AttemptRunner:
     async def _attempt_task(
         self, backend: Backend, lease: InFlightLease, request: ForwardRequest
     ) -> Response:
-        translation = backend.translation_for(request)
+        attempt = _Attempt(backend, lease, request, backend.translation_for(request))
+        response: httpx.Response | None = None
         try:
-            response = await self._send(backend, request, translation)
-        except Retryable:
-            lease.release(is_failure=True)
-            raise
-        except BaseException:
-            self._cancelled(backend, lease, request)
-            raise
-        attempt = _Attempt(backend, lease, request, translation)
-        try:
+            response = await self._send(attempt)
             if response.status_code >= 400:
                 return await self._error_answer(attempt, response)
             if request.info.is_stream:
@@ -133,15 +126,15 @@ class AttemptRunner:
         except BaseException:
             if not lease.is_released:  # cancelled (or a bug) where no verdict was given
                 self._cancelled(backend, lease, request)
-            # Make sure the connection goes (shielded: this also runs when the caller's task
-            # is being cancelled).
-            with anyio.CancelScope(shield=True):
-                await response.aclose()
+            if response is not None:
+                # Make sure the connection goes (shielded: this also runs when the caller's
+                # task is being cancelled).
+                with anyio.CancelScope(shield=True):
+                    await response.aclose()
             raise
 
-    async def _send(
-        self, backend: Backend, request: ForwardRequest, translation: Translation | None
-    ) -> httpx.Response:
+    async def _send(self, attempt: _Attempt) -> httpx.Response:
+        backend, lease, request, translation = attempt.parts()
         headers = {"content-type": "application/json", **request.headers}
         headers.update(backend.request_headers())
         client = self.local_client if backend.is_local else self.upstream_client
@@ -159,6 +152,7 @@ class AttemptRunner:
                 backend.rest(self.config.jumper_cooldown_seconds)
             else:
                 backend.mark_unreachable(f"{type(exc).__name__}: {exc}")
+            lease.release(is_failure=True)
             self._observe(backend, request, "unreachable")
             logger.warning("cannot reach %s for %s: %r", backend.name, request.path, exc)
             error = APIError(
@@ -168,7 +162,7 @@ class AttemptRunner:
             )
             raise Retryable("unreachable", error.to_json_response()) from None
         except httpx.HTTPError as exc:
-            raise self._transport_failure(backend, request, exc) from None
+            raise self._transport_failure(attempt, exc) from None
 
     def _body_for(self, backend: Backend, request: ForwardRequest) -> bytes:
         """The body as sent to ``backend``: unchanged unless the upstream names the model
@@ -192,13 +186,14 @@ class AttemptRunner:
             pool=config.connect_timeout_seconds,
         )
 
-    def _transport_failure(
-        self, backend: Backend, request: ForwardRequest, exc: httpx.HTTPError
-    ) -> Exception:
-        """The exception for a connection that broke or went silent before any byte was relayed.
+    def _transport_failure(self, attempt: _Attempt, exc: httpx.HTTPError) -> Exception:
+        """The exception for a connection that broke or went silent before any byte was relayed
+        (the attempt's lease is released as a failure).
 
         Timeouts end the request (504); a broken connection (the server died) is retryable.
         """
+        backend, lease, request, _ = attempt.parts()
+        lease.release(is_failure=True)
         logger.warning("request %s to %s failed: %r", request.path, backend.name, exc)
         if isinstance(exc, httpx.TimeoutException):
             self._observe(backend, request, "timeout")
@@ -257,11 +252,7 @@ class AttemptRunner:
         try:
             body = await response.aread()
         except httpx.HTTPError as exc:
-            lease.release(is_failure=True)
-            raise self._transport_failure(backend, request, exc) from None
-        except BaseException:
-            self._cancelled(backend, lease, request)
-            raise
+            raise self._transport_failure(attempt, exc) from None
         finally:
             # Closing before the answer is complete drops the connection: the server aborts.
             await response.aclose()
@@ -290,12 +281,8 @@ class AttemptRunner:
                 first_chunk = translator.feed(chunk) if translator else chunk
                 if first_chunk:
                     break
-        except httpx.HTTPError as exc:
-            lease.release(is_failure=True)
-            raise self._transport_failure(backend, request, exc) from None
-        except BaseException:
-            self._cancelled(backend, lease, request)
-            raise
+        except httpx.HTTPError as exc:  # cancellation is handled by the caller, _attempt_task
+            raise self._transport_failure(attempt, exc) from None
 
         def on_close(outcome: Outcome) -> None:
             is_failure = None if outcome == "cancelled" else outcome != "ok"

@@ -332,3 +332,17 @@ def test_sighup_reloads_the_config_of_a_standalone_gateway(tmp_path: Path) -> No
         process.terminate()
         process.wait(10)
         stop_all(*servers)
+
+
+def test_a_silent_server_times_out_once_and_counts_as_a_failure(pair: Callable) -> None:
+    gateway, (a,) = pair(num_servers=1, request_timeout_seconds=0.3)
+    a.answer_gate = threading.Event()  # A never answers
+    response = gateway.http.post(CHAT_PATH, json=CHAT)
+    assert response.status_code == 504 and len(a.requests) == 1  # timeouts are not retried
+    row = gateway.http.get("/backends").json()["backends"][0]
+    assert row["num_in_flight"] == 0 and row["num_failures"] == 1
+    metrics = gateway.http.get("/metrics").text
+    attempts = f'gateway_requests_total{{backend="{row["url"]}",endpoint="{CHAT_PATH}",outcome='
+    assert _metric(metrics, attempts + '"timeout"}') == 1
+    assert _metric(metrics, attempts + '"cancelled"}') == 0
+    a.answer_gate.set()
