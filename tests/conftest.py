@@ -13,6 +13,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from fake_model_server import start_gateway  # noqa: E402
 from servers import ServerThread  # noqa: E402
+from triton_server import TritonServer, start_triton_server  # noqa: E402
 
 from server.common.app import create_server_app  # noqa: E402
 from server.common.service import ServingSettings  # noqa: E402
@@ -22,6 +23,9 @@ from server.static_batching.backend import StaticBatchingBackend, load_model  # 
 from server.static_batching.config import SBServerConfig  # noqa: E402
 from server.static_batching.worker import LoadedModel  # noqa: E402
 from utils.prepare_model import ensure_default_model  # noqa: E402
+
+#: The question the demo, the chat page and the Triton tests ask.
+DEMO_QUESTION = "What is the capital of France?"
 
 MODEL_ID = "SmolLM2-135M-Instruct"
 
@@ -87,3 +91,25 @@ def engine_config(model_path: Path, **cache: object) -> EngineConfig:
 def cb_runner(default_model_path: Path) -> ModelRunner:
     """The CB model (float32) and KV pools, loaded once; tests build engines over it."""
     return ModelRunner(engine_config(default_model_path))
+
+
+@pytest.fixture(scope="session")
+def triton(
+    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[TritonServer]:
+    """A real Triton server (PyTriton, transformers) over the default model, started once per
+    session: raw text prompts, Triton model name "ensemble", as TensorRT-LLM takes them."""
+    server = start_triton_server(default_model_path, tmp_path_factory.mktemp("triton"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def chat_prompt(default_model_path: Path) -> str:
+    """The demo question rendered with the model's chat template (Triton applies none)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    return tokenizer.apply_chat_template(
+        [{"role": "user", "content": DEMO_QUESTION}], tokenize=False, add_generation_prompt=True
+    )

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,20 +17,9 @@ import openai
 import pytest
 from fake_model_server import FakeServerSettings, start_fake_server, start_gateway, stop_all
 from servers import ServerThread
-from triton_server import TritonServer, start_triton_server
+from triton_server import TritonServer
 
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def chat_prompt(default_model_path: Path) -> str:
-    """The question in the model's chat template (Triton clients send rendered text)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
-    )
 
 
 def _events(response: httpx.Response) -> list[dict]:
@@ -111,16 +99,6 @@ def test_triton_api_overload_keeps_status_and_retry_after(tmp_path: Path) -> Non
 
 
 # -- 2. A real Triton server as a backend -----------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def triton(
-    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TritonServer]:
-    """PyTriton serving the default model through transformers (Triton name "ensemble")."""
-    server = start_triton_server(default_model_path, tmp_path_factory.mktemp("triton-backend"))
-    yield server
-    server.stop()
 
 
 def _triton_gateway(

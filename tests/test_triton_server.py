@@ -15,13 +15,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
-from triton_server import TritonServer, start_triton_server
+from triton_server import TritonServer
 
 from protocol.generation import GenerateRequest
 from protocol.triton import TritonErrorResponse, TritonGenerateRequest, TritonGenerateResponse
@@ -30,27 +29,6 @@ from server.triton.pytriton_server import WORKER_SCRIPT
 pytestmark = pytest.mark.slow
 
 QUESTION = "What is the capital of France?"
-
-
-@pytest.fixture(scope="module")
-def triton(
-    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TritonServer]:
-    """The PyTriton server over the default model, raw prompts (as TensorRT-LLM takes them)."""
-    server = start_triton_server(default_model_path, tmp_path_factory.mktemp("triton"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def chat_prompt(default_model_path: Path) -> str:
-    """The question rendered with the model's chat template: Triton applies none itself."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": QUESTION}], tokenize=False, add_generation_prompt=True
-    )
 
 
 def _events(response: httpx.Response) -> list[dict]:
