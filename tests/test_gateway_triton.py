@@ -15,11 +15,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from conftest import DEMO_QUESTION as QUESTION
 from fake_model_server import FakeServerSettings, start_fake_server, start_gateway, stop_all
 from servers import ServerThread
 from triton_server import TritonServer
-
-QUESTION = "What is the capital of France?"
 
 
 def _events(response: httpx.Response) -> list[dict]:

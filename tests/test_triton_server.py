@@ -28,8 +28,6 @@ from server.triton.pytriton_server import WORKER_SCRIPT
 
 pytestmark = pytest.mark.slow
 
-QUESTION = "What is the capital of France?"
-
 
 def _events(response: httpx.Response) -> list[dict]:
     """The JSON payloads of a Server-Sent Events answer."""
