@@ -32,13 +32,13 @@ class ComputeThread:
     """
 
     def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
         self._thread.start()
 
     def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            fn, args, kwargs, future = job
+        while True:  # for the life of the process (a daemon thread)
+            fn, args, kwargs, future = self._jobs.get()
             if not future.set_running_or_notify_cancel():
                 continue
             try:
@@ -60,7 +60,3 @@ class ComputeThread:
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn`` in the compute thread from async code, without blocking the loop."""
         return await asyncio.wrap_future(self.submit(fn, *args))
-
-    def shutdown(self) -> None:
-        """End the thread once the jobs queued so far are done."""
-        self._jobs.put(None)
