@@ -51,7 +51,7 @@ triton-venv:
 	$(PYTHON) server/triton/setup_venv.py --venv $(TRITON_VENV)
 
 model: venv
-	$(VPY) -m utils.prepare_model
+	$(VPY) -m tools.prepare_model
 
 # The chat UI's browser test drives Debian's Chromium through Debian's ChromeDriver (never a
 # downloaded browser). Install them when missing and we can (root with apt-get, as on CI);
@@ -70,7 +70,7 @@ chromium:
 
 demo: venv model
 	$(VPY) start_app.py up
-	$(VPY) -m utils.demo_chat
+	$(VPY) -m tools.demo_chat
 	@echo
 	@echo "Chat in a browser: http://127.0.0.1:8501 (the chat_ui app of configs/deployment.json)"
 	@echo "The apps keep running in the background. Stop them with:  python start_app.py down"

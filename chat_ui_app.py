@@ -10,7 +10,7 @@ or let ``python start_app.py up`` start it with the rest (the ``chat_ui`` app of
 
 Streamlit runs this script top to bottom on every interaction, so everything that must survive
 a rerun (the conversation, the HTTP client) lives in ``st.session_state``. The HTTP side is
-``client.chat_api``; this file only lays out the page.
+``chat_ui.gateway_client``; this file only lays out the page.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any
 
 import streamlit as st
 
-from client.chat_api import (
+from chat_ui.gateway_client import (
     DECODING_LABELS,
     ChatClient,
     Decoding,

@@ -2,8 +2,9 @@
 
 Native API (``POST /generate``), OpenAI-compatible API (``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/models``) and Triton's generate API
-(``/v2/models/{m}/generate`` and ``generate_stream``, see ``client.triton_api``), streaming or
-not. Requests are validated here (a bad body gets a 400 naming the field without bothering a
+(``/v2/models/{m}/generate`` and ``generate_stream``, see ``client.intake.triton_api``),
+streaming or not. Requests are validated here (a bad body gets a 400 naming the field without
+bothering a
 server), then the caller's original JSON is forwarded to a healthy server that serves the
 requested model, chosen by the configured balancing policy, with failover to other servers
 and, when no local server can take it, to the OpenAI jumpers. ``X-LLM-Route:
@@ -30,10 +31,10 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import Response
 
-from client.config import ClientConfig
+from client.config.schema import ClientConfig
 from client.gateway import BackendTable, Gateway, GatewayHealth
-from client.intake import forward, gateway_of, require_caller_key
-from client.triton_api import triton_routes
+from client.intake.forward import forward, gateway_of, require_caller_key
+from client.intake.triton_api import triton_routes
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
 from utils.config import ConfigError, load_config

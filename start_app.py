@@ -15,18 +15,18 @@ and record files; its gateway is ``$LLM_SUITE_GATEWAY_URL`` (the entry's ``env``
 or the deployment's ``run_dir`` says otherwise (in that order of precedence).
 
 Deployments are JSON files (``configs/deployment.json`` by default) validated by the pydantic
-models in ``utils/launcher/deployment.py``; relative paths in them are relative to the
+models in ``launcher/deployment.py``; relative paths in them are relative to the
 repository root.
 
-This file is the entry point; the launcher itself is the package ``utils/launcher/``.
+This file is the entry point; the launcher itself is the package ``launcher/``.
 """
 
 from __future__ import annotations
 
 import sys
 
-from utils.launcher.cli import build_parser, main
-from utils.launcher.deployment import DEFAULT_DEPLOYMENT, ROLE_ORDER, base_url, load_deployment
+from launcher.cli import build_parser, main
+from launcher.deployment import DEFAULT_DEPLOYMENT, ROLE_ORDER, base_url, load_deployment
 
 # What callers import from start_app: main, and the names that read the shipped deployment.
 __all__ = [

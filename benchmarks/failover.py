@@ -34,7 +34,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
     sys.path.insert(0, str(REPO_ROOT))
 
-from utils.prepare_model import default_model_dir  # noqa: E402
+from tools.prepare_model import default_model_dir  # noqa: E402
 
 PROMPTS = [
     "What is the capital of France?",

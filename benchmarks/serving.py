@@ -72,7 +72,7 @@ def load_prompts(tokenizer_path: Path | None, count: int) -> tuple[list[Messages
     template as text (what ``--endpoint completions`` sends, so both endpoints see one input)."""
     from transformers import AutoTokenizer  # slow import: only when prompts are built
 
-    from utils.prepare_model import ensure_default_model
+    from tools.prepare_model import ensure_default_model
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_default_model(tokenizer_path))
     chats = chat_messages(tokenizer, count)

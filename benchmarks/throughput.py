@@ -47,7 +47,7 @@ from server.continuous_batching import model_runner  # noqa: E402
 from server.continuous_batching.config import EngineConfig  # noqa: E402
 from server.continuous_batching.engine import LLMEngine  # noqa: E402
 from server.continuous_batching.scheduler import SchedulerOutput  # noqa: E402
-from utils.prepare_model import ensure_default_model  # noqa: E402
+from tools.prepare_model import ensure_default_model  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 #: Keys of one side, ``null`` in the JSON when that side is skipped.

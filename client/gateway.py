@@ -9,14 +9,14 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
-from client.backends import BackendStatus
-from client.config import ClientConfig
-from client.config_watch import ConfigWatcher
+from client.backends.base import BackendStatus
+from client.balancing.policies import make_policy
+from client.balancing.registry import BackendRegistry
+from client.balancing.router import Router
+from client.config.schema import ClientConfig
+from client.config.watch import ConfigWatcher
+from client.forwarding.failover import Proxy
 from client.metrics import GatewayMetrics
-from client.policies import make_policy
-from client.proxy import Proxy
-from client.registry import BackendRegistry
-from client.routing import Router
 from protocol.health import HealthResponse, LoadReport, ServerKind
 from protocol.openai_api import ModelCard, ModelList
 

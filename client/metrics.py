@@ -16,11 +16,11 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from client.backends import Backend
-from client.registry import BackendRegistry
+from client.backends.base import Backend
+from client.balancing.registry import BackendRegistry
 
 if TYPE_CHECKING:
-    from client.requests import ForwardRequest
+    from client.gateway_request import ForwardRequest
 
 #: How a request ended, as seen by the gateway.
 Outcome = Literal[

@@ -22,7 +22,7 @@ from server.continuous_batching.model_runner import ModelRunner  # noqa: E402
 from server.static_batching.backend import StaticBatchingBackend, load_model  # noqa: E402
 from server.static_batching.config import SBServerConfig  # noqa: E402
 from server.static_batching.worker import LoadedModel  # noqa: E402
-from utils.prepare_model import ensure_default_model  # noqa: E402
+from tools.prepare_model import ensure_default_model  # noqa: E402
 
 #: The question the demo, the chat page and the Triton tests ask.
 DEMO_QUESTION = "What is the capital of France?"

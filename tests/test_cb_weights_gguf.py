@@ -25,7 +25,7 @@ from server.continuous_batching.model_runner import ModelRunner
 from server.continuous_batching.server_config import load_cb_server_config
 from server.continuous_batching.weights import load_model, read_arch_config
 from server.continuous_batching.weights_gguf import gguf_path, hf_name, unpermute_rope_rows
-from utils.prepare_model import find_gguf
+from tools.prepare_model import find_gguf
 
 CPU = torch.device("cpu")
 BLOCK = 16

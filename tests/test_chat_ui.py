@@ -1,4 +1,4 @@
-"""The chat front end (``chat_ui_app.py``) and its gateway client (``client/chat_api.py``).
+"""The chat front end (``chat_ui_app.py``) and its gateway client (``chat_ui/gateway_client.py``).
 
 The page runs under Streamlit's AppTest (the script in this process, no browser) against a real
 gateway in front of a real static-batching server with the default model: the ``sb_gateway``
@@ -21,7 +21,7 @@ from fake_model_server import start_gateway  # noqa: E402
 from servers import ServerThread, reserve_socket, url_of  # noqa: E402
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from client.chat_api import (  # noqa: E402
+from chat_ui.gateway_client import (  # noqa: E402
     DEFAULT_GATEWAY_URL,
     GATEWAY_URL_ENV,
     ChatClient,

@@ -10,27 +10,27 @@ from collections import Counter
 import pytest
 from pydantic import SecretStr
 
-from client.auth import check_caller
-from client.backends import Backend, InFlightLease
-from client.circuit_breaker import CircuitBreaker
-from client.config import ClientConfig, OpenAIJumperConfig
-from client.jumpers import OpenAIJumper
-from client.native_translation import (
+from client.backends.base import Backend, InFlightLease
+from client.backends.circuit_breaker import CircuitBreaker
+from client.backends.native_answers_to_openai import OpenAIShaper, native_equivalent
+from client.backends.native_to_openai import (
     OpenAIStreamTranslator,
     answer_from_openai,
     to_openai,
     upstream_unsupported_fields,
 )
-from client.openai_shapes import OpenAIShaper, native_equivalent
-from client.policies import (
+from client.backends.openai_upstream import OpenAIJumper
+from client.balancing.policies import (
     LeastRecentlyUsedKey,
     PowerOfTwoChoices,
     RoundRobin,
     SessionAffinity,
     affinity_key_of,
 )
-from client.registry import BackendRegistry
-from client.requests import ForwardRequest, RequestInfo, Route
+from client.balancing.registry import BackendRegistry
+from client.config.schema import ClientConfig, OpenAIJumperConfig
+from client.gateway_request import ForwardRequest, RequestInfo, Route
+from client.intake.auth import check_caller
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from protocol.openai_api import ChatCompletionRequest, ChatMessage, CompletionRequest

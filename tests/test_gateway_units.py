@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from client.backends import Backend, InFlightLease
-from client.config import ClientConfig, OpenAIJumperConfig, is_placeholder_key
-from client.policies import POLICIES, LeastOutstandingWork, make_policy
-from client.registry import BackendRegistry
-from client.requests import RequestInfo
+from client.backends.base import Backend, InFlightLease
+from client.balancing.policies import POLICIES, LeastOutstandingWork, make_policy
+from client.balancing.registry import BackendRegistry
+from client.config.schema import ClientConfig, OpenAIJumperConfig, is_placeholder_key
+from client.gateway_request import RequestInfo
 from protocol.health import LoadReport
 from utils.config import ConfigError, load_config
 

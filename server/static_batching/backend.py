@@ -42,7 +42,7 @@ def load_model(config: SBWorkerConfig, config_file: str) -> LoadedModel:
         if not Path(path).is_dir():
             raise ConfigError(
                 f"{where}.{key}: '{path}' is not a folder (models are loaded from local "
-                "folders only; prepare the default one with `python -m utils.prepare_model`)"
+                "folders only; prepare the default one with `python -m tools.prepare_model`)"
             )
     if not (Path(model_path) / "config.json").is_file():
         raise ConfigError(f"{where}.model_name_or_path: '{model_path}' has no config.json")

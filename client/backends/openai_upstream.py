@@ -15,16 +15,16 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from client.backends import Backend
-from client.config import OpenAIJumperConfig
-from client.native_translation import NativeToOpenAI
-from client.requests import ForwardRequest, RequestInfo
-from client.translation import Translation
+from client.backends.base import Backend
+from client.backends.native_to_openai import NativeToOpenAI
+from client.backends.translation import Translation
+from client.config.schema import OpenAIJumperConfig
+from client.gateway_request import ForwardRequest, RequestInfo
 
 #: The OpenAI API paths a jumper forwards (our ``/v1/...`` path minus the ``/v1`` that the
 #: jumper's base URL already ends with).
 JUMPER_PATHS = ("/v1/chat/completions", "/v1/completions")
-#: Paths a jumper answers through translation (``client.native_translation``).
+#: Paths a jumper answers through translation (``client.backends.native_to_openai``).
 TRANSLATED_PATHS = ("/generate",)
 
 #: How long a key rests after the upstream refused it (401/403): a wrong or revoked key will

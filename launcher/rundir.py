@@ -16,8 +16,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from utils.launcher.console import StartAppError
-from utils.launcher.deployment import REPO_ROOT, Deployment, base_url, resolve_path
+from launcher.console import StartAppError
+from launcher.deployment import REPO_ROOT, Deployment, base_url, resolve_path
 
 RUN_DIR_ENV: str = "LLM_SUITE_RUN_DIR"
 

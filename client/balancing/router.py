@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from client.backends import Backend
-from client.policies import BalancingPolicy, LeastRecentlyUsedKey
-from client.registry import BackendRegistry
-from client.requests import RequestInfo
+from client.backends.base import Backend
+from client.balancing.policies import BalancingPolicy, LeastRecentlyUsedKey
+from client.balancing.registry import BackendRegistry
+from client.gateway_request import RequestInfo
 from utils.errors import APIError, overloaded
 
 #: Retry-After of "no server can take this now": the next request triggers a health refresh

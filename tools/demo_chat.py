@@ -2,7 +2,7 @@
 
 Usage::
 
-    python -m utils.demo_chat [--url http://127.0.0.1:8000] [--model SmolLM2-135M-Instruct]
+    python -m tools.demo_chat [--url http://127.0.0.1:8000] [--model SmolLM2-135M-Instruct]
                               [--question "What is the capital of France?"]
 
 Start the apps first with ``python start_app.py up`` (``make demo`` does both).
@@ -54,7 +54,7 @@ def ask(url: str, model: str, question: str, timeout: float = 300.0) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point; returns the process exit code."""
     parser = argparse.ArgumentParser(
-        prog="python -m utils.demo_chat",
+        prog="python -m tools.demo_chat",
         description="Send one chat question to the gateway and print the answer.",
     )
     parser.add_argument("--url", default=DEFAULT_URL, help=f"gateway URL (default {DEFAULT_URL})")

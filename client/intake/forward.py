@@ -10,14 +10,14 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from client.auth import check_caller
+from client.backends.native_answers_to_openai import native_equivalent
+from client.backends.native_to_openai import upstream_unsupported_fields
+from client.backends.triton_server import triton_unsupported_reasons
+from client.balancing.policies import affinity_key_of
+from client.forwarding.failover import FORWARDED_REQUEST_HEADERS
 from client.gateway import Gateway
-from client.native_translation import upstream_unsupported_fields
-from client.openai_shapes import native_equivalent
-from client.policies import affinity_key_of
-from client.proxy import FORWARDED_REQUEST_HEADERS
-from client.requests import ForwardRequest, RequestInfo, Route
-from client.triton_backend import triton_unsupported_reasons
+from client.gateway_request import ForwardRequest, RequestInfo, Route
+from client.intake.auth import check_caller
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from utils.errors import APIError, validation_api_error

@@ -13,9 +13,9 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from client.backends import Backend
-from client.config import ClientConfig
-from client.requests import RequestInfo
+from client.backends.base import Backend
+from client.config.schema import ClientConfig
+from client.gateway_request import RequestInfo
 
 
 class BalancingPolicy(abc.ABC):

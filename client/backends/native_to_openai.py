@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from client.translation import StreamTranslator, Translation
+from client.backends.translation import StreamTranslator, Translation
 from protocol.generation import GenerateRequest, GenerationConfig
 from utils.sse import SSEDataSplitter, encode_done, encode_event
 

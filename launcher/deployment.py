@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from utils.launcher.console import StartAppError
+from launcher.console import StartAppError
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[2]
 DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"

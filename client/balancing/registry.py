@@ -10,11 +10,11 @@ from collections.abc import Collection
 
 import httpx
 
-from client.backends import Backend, BackendKind
-from client.config import ClientConfig
-from client.jumpers import OpenAIJumper, make_jumpers
-from client.requests import RequestInfo
-from client.triton_backend import TritonBackend
+from client.backends.base import Backend, BackendKind
+from client.backends.openai_upstream import OpenAIJumper, make_jumpers
+from client.backends.triton_server import TritonBackend
+from client.config.schema import ClientConfig
+from client.gateway_request import RequestInfo
 
 logger = logging.getLogger(__name__)
 

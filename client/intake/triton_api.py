@@ -20,7 +20,8 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from client.intake import (
+from client.forwarding.stream_relay import StreamRelay
+from client.intake.forward import (
     count_rejected,
     forward_parsed,
     gateway_of,
@@ -29,7 +30,6 @@ from client.intake import (
     route_of,
     validate,
 )
-from client.stream_relay import StreamRelay
 from protocol.generation import GenerateResponse, GenerateStreamChunk
 from protocol.triton import (
     TritonGenerateRequest,

@@ -23,12 +23,12 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
-from client.backends import Backend
-from client.chat_templates import preload, render_chat
-from client.config import TritonServerConfig
-from client.openai_shapes import CHAT_PATH, COMPLETIONS_PATH, OpenAIShaper
-from client.requests import ForwardRequest, RequestInfo
-from client.translation import StreamTranslator, Translation
+from client.backends.base import Backend
+from client.backends.chat_templates import preload, render_chat
+from client.backends.native_answers_to_openai import CHAT_PATH, COMPLETIONS_PATH, OpenAIShaper
+from client.backends.translation import StreamTranslator, Translation
+from client.config.schema import TritonServerConfig
+from client.gateway_request import ForwardRequest, RequestInfo
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from protocol.triton import TritonGenerateRequest, TritonGenerateResponse

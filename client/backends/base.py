@@ -12,9 +12,9 @@ from typing import Literal
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from client.circuit_breaker import BreakerState, CircuitBreaker
-from client.requests import ForwardRequest, RequestInfo
-from client.translation import Translation
+from client.backends.circuit_breaker import BreakerState, CircuitBreaker
+from client.backends.translation import Translation
+from client.gateway_request import ForwardRequest, RequestInfo
 from protocol.health import HealthResponse, LoadReport
 from protocol.openai_api import ModelList
 

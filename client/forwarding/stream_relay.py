@@ -10,8 +10,8 @@ import httpx
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from client.backends.translation import StreamTranslator
 from client.metrics import Outcome, outcome_of_status
-from client.translation import StreamTranslator
 from utils.errors import APIError
 from utils.sse import SSE_HEADERS, encode_event
 

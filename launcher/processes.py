@@ -14,9 +14,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from utils.launcher.console import err, say
-from utils.launcher.deployment import bind_address
-from utils.launcher.rundir import AppRecord, remove_record
+from launcher.console import err, say
+from launcher.deployment import bind_address
+from launcher.rundir import AppRecord, remove_record
 
 #: How long ``down``/``stop`` wait after SIGTERM before SIGKILL of the whole process group.
 STOP_GRACE_SECONDS: float = 20.0

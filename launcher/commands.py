@@ -17,8 +17,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from utils.launcher.console import StartAppError, err, say, tail_lines
-from utils.launcher.deployment import (
+from launcher.console import StartAppError, err, say, tail_lines
+from launcher.deployment import (
     APP_KINDS,
     DEFAULT_DEPLOYMENT,
     AppEntry,
@@ -27,9 +27,9 @@ from utils.launcher.deployment import (
     format_loc,
     load_deployment,
 )
-from utils.launcher.processes import is_ours, pid_alive, stop_record
-from utils.launcher.rundir import list_records, log_path, read_record, resolve_run_dir
-from utils.launcher.startup import bring_up, probe_health
+from launcher.processes import is_ours, pid_alive, stop_record
+from launcher.rundir import list_records, log_path, read_record, resolve_run_dir
+from launcher.startup import bring_up, probe_health
 
 
 def _deployment_for_run_dir(args: argparse.Namespace) -> Deployment | None:

@@ -13,7 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
-#: Balancing policies the config may name (one class each in ``client.policies``).
+#: Balancing policies the config may name (one class each in ``client.balancing.policies``).
 PolicyName = Literal["least_outstanding", "round_robin", "power_of_two", "affinity"]
 
 # Template values such as the seed's "YOUR_OPENAI_KEY" must never be sent as a key.

@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from utils.launcher.deployment import REPO_ROOT, AppEntry, bind_address, resolve_path
-from utils.launcher.rundir import AppRecord, log_path, pid_path, record_path
+from launcher.deployment import REPO_ROOT, AppEntry, bind_address, resolve_path
+from launcher.rundir import AppRecord, log_path, pid_path, record_path
 
 
 @dataclass

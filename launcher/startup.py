@@ -14,11 +14,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from utils.launcher.console import err, print_log_tail, say
-from utils.launcher.deployment import ROLE_ORDER, AppEntry, bind_address, resolve_path
-from utils.launcher.launch import StartedApp, start_entry
-from utils.launcher.processes import is_ours, pid_alive, stop_record
-from utils.launcher.rundir import read_record, start_lock
+from launcher.console import err, print_log_tail, say
+from launcher.deployment import ROLE_ORDER, AppEntry, bind_address, resolve_path
+from launcher.launch import StartedApp, start_entry
+from launcher.processes import is_ours, pid_alive, stop_record
+from launcher.rundir import read_record, start_lock
 
 
 def port_problem(host: str, port: int) -> str | None:

@@ -1,0 +1,1 @@
+"""The gateway's config file: its schema and the watch that re-reads it."""

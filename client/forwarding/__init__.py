@@ -1,0 +1,1 @@
+"""Forwarding a request: the failover loop, one attempt on one backend, stream relaying."""

@@ -1,0 +1,1 @@
+"""HTTP intake of the gateway: caller keys, body limits and parsing, the Triton generate API."""

@@ -1,0 +1,1 @@
+"""Commands around the suite: building the default model folder, the demo question."""
