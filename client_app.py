@@ -40,6 +40,7 @@ from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelL
 from utils.config import ConfigError, load_config
 from utils.errors import install_error_handlers
 from utils.logging import setup_logging
+from utils.request_id import RequestIdMiddleware
 
 DEFAULT_CONFIG_PATH = "configs/client_config.json"
 
@@ -112,6 +113,7 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     app = FastAPI(title="LLM serving suite gateway", version="0.1.0", lifespan=lifespan)
     app.state.gateway = gateway
     install_error_handlers(app)
+    app.add_middleware(RequestIdMiddleware)
     app.include_router(routes)
     app.include_router(triton_routes)
     app.include_router(open_routes)

@@ -1,52 +1,79 @@
-"""What routing knows about a request: its endpoint, model, route and what it needs."""
+"""The one object a caller's request travels as through the gateway, from intake to a backend."""
 
 from __future__ import annotations
 
+import functools
 import time
+import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from protocol.generation import GenerateRequest
+from protocol.openai_api import ChatCompletionRequest, CompletionRequest
+
+if TYPE_CHECKING:
+    from client.backends.base import Backend, Plan
 
 #: Where a request may go: ``auto`` (our servers and Triton servers, then the OpenAI jumpers as
 #: a fallback), ``local`` (never to a jumper) or ``openai`` (the jumpers only). Callers choose
 #: with the ``X-LLM-Route`` header.
 Route = Literal["auto", "local", "openai"]
 
+#: The request bodies the gateway routes.
+ParsedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest
 
-@dataclass(frozen=True)
-class RequestInfo:
-    """What routing may know about a request when choosing a backend."""
+
+def new_request_id() -> str:
+    """A fresh request id (for callers that sent no ``X-Request-ID``)."""
+    return uuid.uuid4().hex
+
+
+@dataclass(eq=False)
+class GatewayRequest:
+    """A caller's request, parsed and validated once at intake.
+
+    ``body`` is what our own servers get, unchanged (fields the gateway does not know pass
+    through). Other forms are built only when a backend that needs one is asked, and kept:
+    ``native`` (the same request in native terms) and each backend's :class:`Plan` (whether it
+    takes the request, and its translation), so failover and retries reuse them.
+    """
 
     endpoint: str
-    model: str | None
-    is_stream: bool = False
-    #: Where the request may go (``X-LLM-Route``).
+    parsed: ParsedRequest
+    body: bytes = b""
     route: Route = "auto"
-    #: Requests with the same key belong to one conversation (see ``affinity_key_of``).
-    affinity_key: str | None = None
-    #: Why an OpenAI-compatible upstream cannot honour the request (the fields it uses that
-    #: the OpenAI API lacks); empty when it can.
-    upstream_unsupported: tuple[str, ...] = ()
-    #: Why a Triton server cannot take the request (besides chat); empty when it can.
-    triton_unsupported: tuple[str, ...] = ()
-    #: The request is a conversation (``messages``) rather than a prompt.
-    is_chat: bool = False
-    #: A native request says the same (``ForwardRequest.native``): backends that translate
-    #: requests can take it.
-    has_native: bool = False
-    #: An OpenAI stream that must end with a usage chunk (``stream_options.include_usage``).
-    is_usage_streamed: bool = False
-
-
-@dataclass
-class ForwardRequest:
-    """A validated caller request, ready to forward: the original body is sent unchanged."""
-
-    info: RequestInfo
-    path: str
-    body: bytes
+    request_id: str = field(default_factory=new_request_id)
+    #: The caller's ``X-Session-ID`` header (conversation affinity).
+    session_id: str | None = None
+    #: Caller headers passed on to the backend (request correlation).
     headers: dict[str, str] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
-    #: The same request in native terms, for backends that need it translated.
-    native: GenerateRequest | None = None
+    #: ``backend:outcome`` of each attempt so far, for the request's log line.
+    attempts: list[str] = field(default_factory=list, repr=False)
+    #: Each asked backend's plan for this request (see ``Backend.plan_for``).
+    plans: dict[Backend, Plan] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.body:  # built in code (tests, translations) rather than received
+            self.body = self.parsed.model_dump_json(exclude_unset=True).encode()
+
+    @property
+    def model(self) -> str | None:
+        """The model asked for (None: any)."""
+        return self.parsed.model or None
+
+    @property
+    def is_stream(self) -> bool:
+        """True when the caller asked for a stream."""
+        return self.parsed.stream
+
+    @functools.cached_property
+    def native(self) -> GenerateRequest | None:
+        """The native request that asks the same (itself for ``/generate``), or None when none
+        does; built on first use (only backends that translate need it)."""
+        return self.parsed.to_generate_request()
+
+    @property
+    def is_usage_streamed(self) -> bool:
+        """An OpenAI stream that must end with a usage chunk (``stream_options``)."""
+        return getattr(self.parsed, "is_usage_streamed", False)

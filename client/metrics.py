@@ -20,7 +20,7 @@ from client.backends.base import Backend
 from client.balancing.registry import BackendRegistry
 
 if TYPE_CHECKING:
-    from client.gateway_request import ForwardRequest
+    from client.gateway_request import GatewayRequest
 
 #: How a request ended, as seen by the gateway.
 Outcome = Literal[
@@ -146,7 +146,7 @@ class GatewayMetrics:
         backend: Backend | None,
         endpoint: str,
         outcome: Outcome,
-        request: ForwardRequest | float,
+        request: GatewayRequest | float,
     ) -> None:
         """Count one attempt (``request`` or its receive time gives the latency)."""
         backend_label = backend.name if backend is not None else NO_BACKEND
@@ -155,7 +155,7 @@ class GatewayMetrics:
             self._backend_latency.labels(backend_label).observe(_elapsed(request))
 
     def observe_request(
-        self, endpoint: str, outcome: Outcome, request: ForwardRequest | float
+        self, endpoint: str, outcome: Outcome, request: GatewayRequest | float
     ) -> None:
         """Time one caller request from its receipt to the end of its answer."""
         self._duration.labels(endpoint, outcome).observe(_elapsed(request))
@@ -173,6 +173,6 @@ class GatewayMetrics:
         return generate_latest(self.collector_registry), CONTENT_TYPE_LATEST
 
 
-def _elapsed(request: ForwardRequest | float) -> float:
+def _elapsed(request: GatewayRequest | float) -> float:
     received_at = request if isinstance(request, float) else request.received_at
     return time.monotonic() - received_at

@@ -141,6 +141,10 @@ class GenerateRequest(BaseModel):
             raise ValueError("'messages' must not be empty")
         return self
 
+    def to_generate_request(self) -> GenerateRequest:
+        """Itself: the native form of a native request (OpenAI requests have the same method)."""
+        return self
+
 
 class Usage(BaseModel):
     """Token counts of one request."""

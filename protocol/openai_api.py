@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.generation import ChatMessage, GenerationConfig
+from protocol.generation import ChatMessage, GenerateRequest, GenerationConfig
 
 OpenAIFinishReason = Literal["stop", "length", "abort"]
 
@@ -138,6 +138,20 @@ class CompletionRequest(_SamplingFields):
             return [list(prompt)]  # type: ignore[arg-type]
         return list(prompt)  # type: ignore[arg-type]
 
+    def to_generate_request(self) -> GenerateRequest | None:
+        """The native request that asks the same, or None when none does (several prompts,
+        token-id prompts, ``echo``, or options that make no valid native config)."""
+        prompts = self.prompts()
+        if len(prompts) != 1 or not isinstance(prompts[0], str) or self.echo:
+            return None
+        try:
+            config = self.to_generation_config()
+        except (ValueError, ValidationError):
+            return None
+        return GenerateRequest(
+            model=self.model, prompt=prompts[0], generation_config=config, stream=self.stream
+        )
+
 
 class ChatCompletionRequest(_SamplingFields):
     """Body of ``POST /v1/chat/completions``."""
@@ -170,6 +184,19 @@ class ChatCompletionRequest(_SamplingFields):
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def to_generate_request(self) -> GenerateRequest | None:
+        """The native request that asks the same, or None when none does (a continued final
+        message, chat template arguments, or options that make no valid native config)."""
+        if self.continue_final_message or self.chat_template_kwargs:
+            return None
+        try:
+            config = self.to_generation_config()
+        except (ValueError, ValidationError):
+            return None
+        return GenerateRequest(
+            model=self.model, messages=self.messages, generation_config=config, stream=self.stream
+        )
 
 
 class CompletionChoice(BaseModel):

@@ -60,6 +60,8 @@ class FakeServerSettings:
     requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
     #: The Authorization header of each generation request ("" when absent).
     authorizations: list[str] = field(default_factory=list)
+    #: The X-Request-ID header of each generation request ("" when absent).
+    request_ids: list[str] = field(default_factory=list)
     num_streams_started: int = 0
     num_streams_completed: int = 0
     num_streams_cancelled: int = 0
@@ -178,6 +180,7 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
         settings.requests.append((path, body))
         authorization = request.headers.get("authorization", "")
         settings.authorizations.append(authorization)
+        settings.request_ids.append(request.headers.get("x-request-id", ""))
         if settings.fail_status is not None:
             return _error(settings.fail_status, "failing (on purpose)")
         key_status = settings.fail_status_by_key.get(authorization.removeprefix("Bearer "))

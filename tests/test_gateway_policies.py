@@ -12,7 +12,7 @@ from pydantic import SecretStr
 
 from client.backends.base import Backend, InFlightLease
 from client.backends.circuit_breaker import CircuitBreaker
-from client.backends.native_answers_to_openai import OpenAIShaper, native_equivalent
+from client.backends.native_answers_to_openai import OpenAIShaper
 from client.backends.native_to_openai import (
     OpenAIStreamTranslator,
     answer_from_openai,
@@ -20,6 +20,7 @@ from client.backends.native_to_openai import (
     upstream_unsupported_fields,
 )
 from client.backends.openai_upstream import OpenAIJumper
+from client.backends.triton_server import TritonBackend
 from client.balancing.policies import (
     LeastRecentlyUsedKey,
     PowerOfTwoChoices,
@@ -28,15 +29,36 @@ from client.balancing.policies import (
     affinity_key_of,
 )
 from client.balancing.registry import BackendRegistry
-from client.config.schema import ClientConfig, OpenAIJumperConfig
-from client.gateway_request import ForwardRequest, RequestInfo, Route
+from client.config.schema import ClientConfig, OpenAIJumperConfig, TritonServerConfig
+from client.gateway_request import GatewayRequest, Route
 from client.intake.auth import check_caller
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from protocol.openai_api import ChatCompletionRequest, ChatMessage, CompletionRequest
 from utils.errors import APIError
 
-INFO = RequestInfo(endpoint="/v1/chat/completions", model="m")
+
+def _request(
+    endpoint: str = "/generate",
+    route: Route = "auto",
+    session_id: str | None = None,
+    **body: object,
+) -> GatewayRequest:
+    """A gateway request for model ``m`` as the intake would build it from ``body``."""
+    schema = {
+        "/generate": GenerateRequest,
+        "/v1/completions": CompletionRequest,
+        "/v1/chat/completions": ChatCompletionRequest,
+    }[endpoint]
+    if endpoint == "/v1/chat/completions":
+        body.setdefault("messages", [{"role": "user", "content": "hi"}])
+    else:
+        body.setdefault("prompt", "hi")
+    parsed = schema.model_validate({"model": "m", **body})
+    return GatewayRequest(endpoint=endpoint, parsed=parsed, route=route, session_id=session_id)
+
+
+INFO = _request("/v1/chat/completions")
 
 
 def _backend(url: str, **load: int) -> Backend:
@@ -49,8 +71,8 @@ def _backend(url: str, **load: int) -> Backend:
     )
 
 
-def _info(key: str | None) -> RequestInfo:
-    return RequestInfo(endpoint="/generate", model="m", affinity_key=key)
+def _info(key: str | None) -> GatewayRequest:
+    return _request(session_id=key)
 
 
 # -- policies -------------------------------------------------------------------------------
@@ -172,8 +194,7 @@ def test_lease_verdicts_drive_the_breaker() -> None:
     assert not backend.is_routable()
     assert backend.num_failures == 2 and backend.status().circuit == "open"
     registry = BackendRegistry([backend, _backend("http://b:1")])
-    info = RequestInfo(endpoint="/generate", model="m")
-    assert [b.url for b in registry.candidates(info)] == ["http://b:1"]
+    assert [b.url for b in registry.candidates(_request())] == ["http://b:1"]
 
 
 def test_failed_heartbeats_mark_down_after_threshold() -> None:
@@ -183,6 +204,39 @@ def test_failed_heartbeats_mark_down_after_threshold() -> None:
     assert backend.is_healthy
     backend.record_failed_heartbeat("timeout")
     assert not backend.is_healthy and backend.last_error == "timeout"
+
+
+def test_backend_kinds_are_asked_lazily_and_once() -> None:
+    local = _backend("http://a:1")
+    key = _jumper("sk-key-0-abcdefgh")
+    triton = TritonBackend.from_config(
+        TritonServerConfig(url="http://t:1", models={"m": "ensemble"})
+    )
+    triton.is_healthy, triton.model_ids = True, ["m"]
+    native = _request("/generate", stream=True)
+    registry = BackendRegistry([local, key])
+    assert registry.candidates(native) == [local]
+    # Our server takes the request as sent: the jumper was never asked to translate it.
+    assert key not in native.plans
+    local.is_healthy = False
+    assert registry.candidates(native) == [key]
+    plan = native.plans[key]
+    assert plan.translation is not None
+    assert registry.candidates(native) == [key] and native.plans[key] is plan  # kept, not rebuilt
+    # A Triton server shares the first tier: it is asked, and its translation is built once.
+    chat = _request("/v1/chat/completions")
+    assert BackendRegistry([triton, key]).candidates(chat) == [key]
+    assert "not messages" in (chat.plans[triton].refusal or "")
+    completion = _request("/v1/completions", max_tokens=3, temperature=0)
+    assert BackendRegistry([triton, key]).candidates(completion) == [triton]
+    translation = completion.plans[triton].translation
+    assert translation is not None
+    path, body = translation.request()
+    assert path == "/v2/models/ensemble/generate"
+    assert json.loads(body)["text_input"] == "hi" and json.loads(body)["max_tokens"] == 3
+    beams = _request("/v1/completions", use_beam_search=True, n=2, ignore_eos=True)
+    assert BackendRegistry([triton]).candidates(beams) == []
+    assert "ignore_eos" in (beams.plans[triton].refusal or "")
 
 
 # -- jumpers --------------------------------------------------------------------------------
@@ -201,15 +255,13 @@ def test_jumper_maps_models_paths_and_hides_its_key() -> None:
     assert jumper.serves("local") and jumper.serves("gpt-x") and not jumper.serves("other")
     assert jumper.upstream_model("local") == "gpt-y" and jumper.upstream_model("gpt-x") == "gpt-x"
     assert jumper.url_for("/v1/chat/completions") == "http://up:1/v1/chat/completions"
-    chat = RequestInfo(endpoint="/v1/chat/completions", model="local")
-    native = RequestInfo(endpoint="/generate", model="local")
-    assert jumper.refusal(chat) is None and jumper.refusal(native) is None
-    forward = ForwardRequest(info=chat, path="/v1/chat/completions", body=b"{}")
-    assert jumper.translation_for(forward) is None  # OpenAI requests go unchanged
-    beams = RequestInfo(
-        endpoint="/generate", model="local", upstream_unsupported=("generation_config.num_beams",)
-    )
-    assert "generation_config.num_beams" in (jumper.refusal(beams) or "")
+    chat = _request("/v1/chat/completions", model="local")
+    native = _request("/generate", model="local")
+    assert jumper.plan_for(chat).is_accepted and jumper.plan_for(native).is_accepted
+    assert jumper.plan_for(chat).translation is None  # OpenAI requests go unchanged
+    assert jumper.plan_for(native).translation is not None  # native ones are translated
+    beams = _request("/generate", model="local", generation_config={"num_beams": 2})
+    assert "generation_config.num_beams" in (jumper.plan_for(beams).refusal or "")
     assert jumper.request_headers()["authorization"] == "Bearer sk-secret-123456789"
     assert "secret" not in jumper.name and "secret" not in jumper.status().model_dump_json()
     assert jumper.scrub("bad key sk-secret-123456789!") == "bad key ***!"
@@ -222,13 +274,13 @@ def test_registry_prefers_local_and_picks_least_recently_used_key() -> None:
     registry = BackendRegistry([local, *keys])
     path = "/v1/chat/completions"
 
-    def info(endpoint: str = path, route: Route = "auto", **fields: object) -> RequestInfo:
-        return RequestInfo(endpoint=endpoint, model="m", route=route, **fields)  # type: ignore[arg-type]
+    def info(endpoint: str = path, route: Route = "auto", **body: object) -> GatewayRequest:
+        return _request(endpoint, route, **body)
 
     assert registry.candidates(info()) == [local]
     assert registry.candidates(info("/generate", "openai")) == keys  # translated
     # ... unless the request uses what the OpenAI API lacks.
-    unsupported = info("/generate", "openai", upstream_unsupported=("generation_config.top_k",))
+    unsupported = info("/generate", "openai", generation_config={"top_k": 5})
     assert registry.candidates(unsupported) == []
     assert registry.candidates(info(route="openai")) == keys
     local.is_healthy = False
@@ -358,20 +410,20 @@ def test_native_equivalent_of_openai_requests() -> None:
     completion = CompletionRequest.model_validate(
         {"model": "m", "prompt": "hi", "max_tokens": 5, "temperature": 0, "stop": ["."]}
     )
-    native = native_equivalent(completion)
+    native = completion.to_generate_request()
     assert native is not None and native.prompt == "hi" and native.model == "m"
     assert native.generation_config.max_new_tokens == 5
     assert native.generation_config.stop == ["."] and not native.generation_config.do_sample
     chat = ChatCompletionRequest.model_validate(
         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     )
-    native = native_equivalent(chat)
+    native = chat.to_generate_request()
     assert native is not None and native.messages is not None and native.stream
     for body in (
         {"model": "m", "prompt": ["a", "b"]},  # several prompts
         {"model": "m", "prompt": [1, 2, 3]},  # token ids
     ):
-        assert native_equivalent(CompletionRequest.model_validate(body)) is None
+        assert CompletionRequest.model_validate(body).to_generate_request() is None
 
 
 def test_openai_shaper_builds_chat_answers_and_chunks() -> None:

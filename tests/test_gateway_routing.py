@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Iterator
@@ -115,6 +116,34 @@ def test_models_health_backends_and_metrics(two_models: tuple) -> None:
     in_flight_sample = f'gateway_backend_in_flight{{backend="{url_a}",kind="static_batching"}}'
     assert f"{in_flight_sample} 0.0" in text
     assert "gateway_request_duration_seconds_bucket" in text
+
+
+def test_request_ids_end_to_end(two_models: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    gateway, settings_a, _ = two_models
+    http = gateway.http
+    body = {**GENERATE, "model": "model-a"}
+    with caplog.at_level(logging.INFO, logger="client.forwarding.attempt"):
+        answer = http.post("/generate", json=body, headers={"X-Request-ID": "trace-42.a"})
+    # The caller's id reaches the server and comes back; the gateway logs it with the backend.
+    assert answer.headers["x-request-id"] == "trace-42.a"
+    assert settings_a.request_ids[-1] == "trace-42.a"
+    line = next(r.getMessage() for r in caplog.records if "trace-42.a" in r.getMessage())
+    assert "/generate" in line and ":ok" in line
+    assert gateway_url_of(http, "model-a") in line
+    # Without one (or with one unfit for logs and headers) the gateway makes one up.
+    for headers in ({}, {"X-Request-ID": "has spaces"}, {"X-Request-ID": "x" * 200}):
+        answer = http.post("/generate", json={**body, "stream": True}, headers=headers)
+        request_id = answer.headers["x-request-id"]
+        assert len(request_id) == 32 and request_id == settings_a.request_ids[-1]
+    # Refused requests carry one too.
+    refused = http.post("/generate", json={**GENERATE, "model": "nope"})
+    assert refused.status_code == 404 and len(refused.headers["x-request-id"]) == 32
+
+
+def gateway_url_of(http: httpx.Client, model: str) -> str:
+    """The URL of the backend serving ``model`` (from the gateway's status table)."""
+    table = http.get("/backends").json()["backends"]
+    return next(row["url"] for row in table if model in row["model_ids"])
 
 
 def test_unknown_model_is_404_listing_models(two_models: tuple) -> None:

@@ -12,12 +12,19 @@ from client.backends.base import Backend, InFlightLease
 from client.balancing.policies import POLICIES, LeastOutstandingWork, make_policy
 from client.balancing.registry import BackendRegistry
 from client.config.schema import ClientConfig, OpenAIJumperConfig, is_placeholder_key
-from client.gateway_request import RequestInfo
+from client.gateway_request import GatewayRequest
+from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from utils.config import ConfigError, load_config
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-INFO = RequestInfo(endpoint="/generate", model="m")
+
+
+def _request(model: str | None) -> GatewayRequest:
+    return GatewayRequest(endpoint="/generate", parsed=GenerateRequest(model=model, prompt="hi"))
+
+
+INFO = _request("m")
 
 
 def _write(tmp_path: Path, data: dict) -> Path:
@@ -155,8 +162,7 @@ def test_candidates_by_model_health_and_kind() -> None:
     down.is_healthy = False
     registry = BackendRegistry([sb, cb, other, down])
 
-    def info(model: str | None) -> RequestInfo:
-        return RequestInfo(endpoint="/generate", model=model)
+    info = _request
 
     assert registry.candidates(info("m")) == [cb]  # CB preferred over SB
     assert registry.candidates(info("m"), exclude=[cb]) == [sb]

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 
 from client.backends.circuit_breaker import BreakerState, CircuitBreaker
 from client.backends.translation import Translation
-from client.gateway_request import ForwardRequest, RequestInfo
+from client.gateway_request import GatewayRequest
 from protocol.health import HealthResponse, LoadReport
 from protocol.openai_api import ModelList
 
@@ -33,6 +33,24 @@ KIND_PRIORITY: dict[BackendKind, int] = {
 
 #: Health states in which a server takes requests ("loading" does not).
 _SERVING_STATES = ("ok", "degraded")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a backend would take a request: refused (``refusal`` says why), or in which form
+    (``translation``; None: the caller's body goes unchanged)."""
+
+    refusal: str | None = None
+    translation: Translation | None = None
+
+    @property
+    def is_accepted(self) -> bool:
+        """True when the backend can take the request."""
+        return self.refusal is None
+
+
+#: Our own servers take every request as the caller sent it.
+AS_SENT = Plan()
 
 
 class BackendStatus(BaseModel):
@@ -99,13 +117,18 @@ class Backend:
         """True when new requests may go here: healthy and the circuit lets traffic through."""
         return self.is_healthy and self.breaker.allows_request(now)
 
-    def refusal(self, info: RequestInfo) -> str | None:
-        """Why this backend cannot take the request (None: it can; our servers take all)."""
-        return None
+    def plan(self, request: GatewayRequest) -> Plan:
+        """Whether this backend can take ``request``, and in which form (backend kinds that
+        speak another API override this; our servers take everything as sent)."""
+        return AS_SENT
 
-    def translation_for(self, request: ForwardRequest) -> Translation | None:
-        """How to ask this backend for ``request`` (None: forward it unchanged)."""
-        return None
+    def plan_for(self, request: GatewayRequest) -> Plan:
+        """:meth:`plan`, worked out once per request and backend (kept on the request, so
+        routing, failover and the attempt share the translation it built)."""
+        plan = request.plans.get(self)
+        if plan is None:
+            plan = request.plans[self] = self.plan(request)
+        return plan
 
     def upstream_model(self, model: str | None) -> str | None:
         """The model id to send upstream for the gateway's ``model`` (same id here)."""
@@ -135,6 +158,24 @@ class Backend:
 
     def on_request_sent(self) -> None:
         """Hook for subclasses: a request was just sent here (jumpers note the time)."""
+
+    def on_unreachable(self, error: str, cooldown_seconds: float) -> None:
+        """A request could not connect: out of rotation until a heartbeat finds it up again
+        (kinds without heartbeats rest for ``cooldown_seconds`` instead)."""
+        self.mark_unreachable(error)
+
+    def on_overloaded(self, retry_after_seconds: float | None, cooldown_seconds: float) -> None:
+        """The backend answered 429/503; our servers report their queue in heartbeats, so
+        nothing more to do here (upstream keys rest)."""
+
+    def refuses_credentials(self, status: int) -> bool:
+        """True when ``status`` means the gateway's own credentials were refused (then the
+        backend rests itself); our servers take no credentials."""
+        return False
+
+    def scrub(self, text: str) -> str:
+        """``text`` (an upstream error) without secrets of this backend (ours have none)."""
+        return text
 
     def mark_unreachable(self, error: str) -> None:
         """Take the backend out of rotation until a health check finds it up again."""

@@ -1,9 +1,9 @@
-"""OpenAI requests for backends that only speak the native API's terms (Triton servers), and
-native answers turned back into OpenAI (chat) completions.
+"""Native answers turned into OpenAI (chat) completions, for OpenAI callers served by a
+backend that answers in native terms (Triton servers, through ``native_to_triton``).
 
-``native_equivalent`` gives the native request that asks the same as an OpenAI one, when there
-is one (one string prompt or one conversation; options the native API has). ``OpenAIShaper``
-turns native answer dicts and stream chunks into the shape the caller's endpoint promises.
+``OpenAIShaper`` turns native answer dicts and stream chunks into the shape the caller's
+endpoint promises. (The request goes the other way with ``to_generate_request()`` of the
+OpenAI request models.)
 """
 
 from __future__ import annotations
@@ -11,39 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from pydantic import ValidationError
-
-from protocol.generation import GenerateRequest
-from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from utils.sse import encode_done, encode_event
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
-
-
-def native_equivalent(
-    parsed: GenerateRequest | CompletionRequest | ChatCompletionRequest,
-) -> GenerateRequest | None:
-    """The native request for ``parsed`` (itself when native), or None when none says the same
-    (several prompts, token-id prompts, a continued final message, template arguments)."""
-    if isinstance(parsed, GenerateRequest):
-        return parsed
-    try:
-        config = parsed.to_generation_config()
-    except (ValueError, ValidationError):
-        return None
-    if isinstance(parsed, CompletionRequest):
-        prompts = parsed.prompts()
-        if len(prompts) != 1 or not isinstance(prompts[0], str) or parsed.echo:
-            return None
-        return GenerateRequest(
-            model=parsed.model, prompt=prompts[0], generation_config=config, stream=parsed.stream
-        )
-    if parsed.continue_final_message or parsed.chat_template_kwargs:
-        return None
-    return GenerateRequest(
-        model=parsed.model, messages=parsed.messages, generation_config=config, stream=parsed.stream
-    )
 
 
 class OpenAIShaper:

@@ -15,11 +15,10 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from client.backends.base import Backend
-from client.backends.native_to_openai import NativeToOpenAI
-from client.backends.translation import Translation
+from client.backends.base import AS_SENT, Backend, Plan
+from client.backends.native_to_openai import NativeToOpenAI, upstream_unsupported_fields
 from client.config.schema import OpenAIJumperConfig
-from client.gateway_request import ForwardRequest, RequestInfo
+from client.gateway_request import GatewayRequest
 
 #: The OpenAI API paths a jumper forwards (our ``/v1/...`` path minus the ``/v1`` that the
 #: jumper's base URL already ends with).
@@ -30,6 +29,8 @@ TRANSLATED_PATHS = ("/generate",)
 #: How long a key rests after the upstream refused it (401/403): a wrong or revoked key will
 #: not heal by itself, but a config reload replaces it without waiting.
 REFUSED_KEY_COOLDOWN_SECONDS = 600.0
+#: Upstream statuses that mean the key is not accepted.
+REFUSED_KEY_STATUSES = (401, 403)
 
 
 @dataclass(eq=False)
@@ -66,24 +67,20 @@ class OpenAIJumper(Backend):
         """True when the entry lists ``model`` (in ``models`` or ``model_map``), or lists none."""
         return not self.model_ids or model in self.model_ids
 
-    def refusal(self, info: RequestInfo) -> str | None:
-        """The OpenAI endpoints go as they are, a native request through translation unless it
-        uses what the OpenAI API lacks; nothing else goes upstream."""
-        if info.endpoint in JUMPER_PATHS:
-            return None
-        if info.endpoint not in TRANSLATED_PATHS:
-            return f"OpenAI-compatible upstreams do not answer {info.endpoint}"
-        if info.upstream_unsupported:
-            fields = ", ".join(info.upstream_unsupported)
-            return f"OpenAI-compatible upstreams cannot honour {fields}"
-        return None
-
-    def translation_for(self, request: ForwardRequest) -> Translation | None:
-        """Native requests go through the OpenAI API; OpenAI requests go unchanged."""
-        if request.path in TRANSLATED_PATHS and request.native is not None:
-            model = request.info.model
-            return NativeToOpenAI(request.native, self.upstream_model(model), model)
-        return None
+    def plan(self, request: GatewayRequest) -> Plan:
+        """The OpenAI endpoints go as they are; a native request goes through the OpenAI API
+        unless it uses what that API lacks; nothing else goes upstream."""
+        if request.endpoint in JUMPER_PATHS:
+            return AS_SENT
+        if request.endpoint not in TRANSLATED_PATHS or request.native is None:
+            return Plan(refusal=f"OpenAI-compatible upstreams do not answer {request.endpoint}")
+        unsupported = upstream_unsupported_fields(request.native)
+        if unsupported:
+            return Plan(
+                refusal=f"OpenAI-compatible upstreams cannot honour {', '.join(unsupported)}"
+            )
+        upstream_model = self.upstream_model(request.model)
+        return Plan(translation=NativeToOpenAI(request.native, upstream_model, request.model))
 
     def upstream_model(self, model: str | None) -> str | None:
         """The upstream's name for ``model`` (``model_map``), else the same name."""
@@ -109,6 +106,21 @@ class OpenAIJumper(Backend):
     def rest(self, seconds: float) -> None:
         """Keep the key out of rotation for ``seconds``."""
         self.breaker.open_for(seconds)
+
+    def on_unreachable(self, error: str, cooldown_seconds: float) -> None:
+        """No heartbeat tells when an upstream is back: the key rests for the cooldown."""
+        self.rest(cooldown_seconds)
+
+    def on_overloaded(self, retry_after_seconds: float | None, cooldown_seconds: float) -> None:
+        """A rate-limited key rests for the upstream's Retry-After (else the cooldown)."""
+        self.rest(retry_after_seconds or cooldown_seconds)
+
+    def refuses_credentials(self, status: int) -> bool:
+        """401/403: the key is refused; it rests long (a reload replaces it sooner)."""
+        if status not in REFUSED_KEY_STATUSES:
+            return False
+        self.rest(REFUSED_KEY_COOLDOWN_SECONDS)
+        return True
 
     async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:
         """No heartbeat upstream (it would spend quota); health is the key's circuit."""

@@ -15,7 +15,7 @@ from typing import ClassVar
 
 from client.backends.base import Backend
 from client.config.schema import ClientConfig
-from client.gateway_request import RequestInfo
+from client.gateway_request import GatewayRequest
 
 
 class BalancingPolicy(abc.ABC):
@@ -25,7 +25,7 @@ class BalancingPolicy(abc.ABC):
     name: ClassVar[str]
 
     @abc.abstractmethod
-    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+    def choose(self, candidates: Sequence[Backend], request: GatewayRequest) -> Backend:
         """Return one of ``candidates`` (never empty) for the request."""
 
 
@@ -50,7 +50,7 @@ class LeastOutstandingWork(BalancingPolicy):
         """Outstanding work of a backend; lower is better."""
         return backend.num_in_flight + backend.num_reported_busy
 
-    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+    def choose(self, candidates: Sequence[Backend], request: GatewayRequest) -> Backend:
         """The least loaded candidate, rotating among equals."""
         if not candidates:
             raise ValueError("choose() needs at least one candidate")
@@ -70,7 +70,7 @@ class RoundRobin(BalancingPolicy):
     def __init__(self) -> None:
         self._num_choices = 0
 
-    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+    def choose(self, candidates: Sequence[Backend], request: GatewayRequest) -> Backend:
         """The next candidate in turn (the candidate list keeps config order)."""
         if not candidates:
             raise ValueError("choose() needs at least one candidate")
@@ -92,7 +92,7 @@ class PowerOfTwoChoices(BalancingPolicy):
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng or random.Random()
 
-    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+    def choose(self, candidates: Sequence[Backend], request: GatewayRequest) -> Backend:
         """The less loaded of two random candidates (the first of them on a tie)."""
         if not candidates:
             raise ValueError("choose() needs at least one candidate")
@@ -129,13 +129,13 @@ class SessionAffinity(BalancingPolicy):
 
         return sorted(candidates, key=weight, reverse=True)
 
-    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+    def choose(self, candidates: Sequence[Backend], request: GatewayRequest) -> Backend:
         """The key's preferred candidate unless it is overloaded compared to the others."""
         if not candidates:
             raise ValueError("choose() needs at least one candidate")
-        key = request_info.affinity_key
+        key = affinity_key_of_request(request)
         if key is None:
-            return self._fallback.choose(candidates, request_info)
+            return self._fallback.choose(candidates, request)
         score = LeastOutstandingWork.score
         limit = min(score(backend) for backend in candidates) + self.max_imbalance
         return next(b for b in self.rank(key, candidates) if score(b) <= limit)
@@ -150,7 +150,7 @@ class LeastRecentlyUsedKey(BalancingPolicy):
 
     name: ClassVar[str] = "least_recently_used_key"
 
-    def choose(self, candidates: Sequence[Backend], request_info: RequestInfo) -> Backend:
+    def choose(self, candidates: Sequence[Backend], request: GatewayRequest) -> Backend:
         """The candidate with the oldest ``last_used_at`` (backends without one count as 0)."""
         if not candidates:
             raise ValueError("choose() needs at least one candidate")
@@ -190,6 +190,17 @@ def affinity_key_of(
     if isinstance(prompt, str) and prompt:
         return "prompt:" + prompt[:AFFINITY_PREFIX_CHARS]
     return None
+
+
+def affinity_key_of_request(request: GatewayRequest) -> str | None:
+    """The conversation key of a gateway request (see :func:`affinity_key_of`)."""
+    parsed = request.parsed
+    return affinity_key_of(
+        request.session_id,
+        getattr(parsed, "user", None),
+        getattr(parsed, "prompt", None),
+        getattr(parsed, "messages", None),
+    )
 
 
 #: Policy classes by config name.

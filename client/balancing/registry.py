@@ -14,7 +14,7 @@ from client.backends.base import Backend, BackendKind
 from client.backends.openai_upstream import OpenAIJumper, make_jumpers
 from client.backends.triton_server import TritonBackend
 from client.config.schema import ClientConfig
-from client.gateway_request import RequestInfo
+from client.gateway_request import GatewayRequest
 
 logger = logging.getLogger(__name__)
 
@@ -186,26 +186,34 @@ class BackendRegistry:
         now = time.monotonic()
         return [backend for backend in self.backends if backend.is_routable(now)]
 
-    def candidates(self, info: RequestInfo, exclude: Collection[Backend] = ()) -> list[Backend]:
+    def candidates(
+        self, request: GatewayRequest, exclude: Collection[Backend] = ()
+    ) -> list[Backend]:
         """Backends that can take the request now, best tier only.
 
         Tiers: CB and Triton servers, then SB servers, then (unless the route is ``local``)
         the jumpers; a lower tier is used only when no backend of a higher one can take the
         request. ``exclude`` drops backends already tried for this request (failover).
         """
-        model = info.model or None
+        model, route = request.model, request.route
         eligible = [
             backend
             for backend in self.healthy()
             if backend not in exclude
-            and (info.route == "auto" or backend.is_local == (info.route == "local"))
+            and (route == "auto" or backend.is_local == (route == "local"))
             and (model is None or backend.serves(model))
-            and backend.refusal(info) is None
         ]
-        if not eligible:
-            return []
-        best = min(backend.priority for backend in eligible)
-        return [backend for backend in eligible if backend.priority == best]
+        # Tier by tier, so that a backend kind is asked about the request (and builds its
+        # translation) only when no backend of a better tier can take it.
+        for tier in sorted({backend.priority for backend in eligible}):
+            accepted = [
+                backend
+                for backend in eligible
+                if backend.priority == tier and backend.plan_for(request).is_accepted
+            ]
+            if accepted:
+                return accepted
+        return []
 
     def model_ids(self, *, is_healthy_only: bool = True) -> list[str]:
         """Model ids served by the (healthy) backends, each once, in configuration order.

@@ -7,7 +7,7 @@ from collections.abc import Collection
 from client.backends.base import Backend
 from client.balancing.policies import BalancingPolicy, LeastRecentlyUsedKey
 from client.balancing.registry import BackendRegistry
-from client.gateway_request import RequestInfo
+from client.gateway_request import GatewayRequest
 from utils.errors import APIError, overloaded
 
 #: Retry-After of "no server can take this now": the next request triggers a health refresh
@@ -30,43 +30,45 @@ class Router:
         #: The jumper tier spreads over API keys, not over servers' load.
         self.key_policy = LeastRecentlyUsedKey()
 
-    async def select(self, info: RequestInfo, exclude: Collection[Backend] = ()) -> Backend:
-        """The backend for ``info``; raises :class:`APIError` (404/503) when there is none.
+    async def select(self, request: GatewayRequest, exclude: Collection[Backend] = ()) -> Backend:
+        """The backend for ``request``; raises :class:`APIError` (404/503) when there is none.
 
         ``exclude`` lists backends already tried for this request (failover).
         """
-        candidates = self.registry.candidates(info, exclude)
-        if not candidates or (not candidates[0].is_local and info.route == "auto"):
+        candidates = self.registry.candidates(request, exclude)
+        if not candidates or (not candidates[0].is_local and request.route == "auto"):
             # Before falling back upstream (or giving up), make sure no local server came back.
             await self.registry.refresh_if_stale()
-            candidates = self.registry.candidates(info, exclude)
+            candidates = self.registry.candidates(request, exclude)
         if not candidates:
-            raise self._no_candidate_error(info, exclude)
+            raise self._no_candidate_error(request, exclude)
         policy = self.policy if candidates[0].is_local else self.key_policy
-        return policy.choose(candidates, info)
+        return policy.choose(candidates, request)
 
-    def _no_candidate_error(self, info: RequestInfo, exclude: Collection[Backend]) -> APIError:
-        registry, model = self.registry, info.model or None
+    def _no_candidate_error(
+        self, request: GatewayRequest, exclude: Collection[Backend]
+    ) -> APIError:
+        registry, model, route = self.registry, request.model, request.route
         backends = [
             backend
             for backend in registry.backends
-            if info.route == "auto" or backend.is_local == (info.route == "local")
+            if route == "auto" or backend.is_local == (route == "local")
         ]
         num_configured = len(backends)
         where = {"auto": "model server", "local": "local model server", "openai": "OpenAI jumper"}
         if num_configured == 0:
             return overloaded(
-                f"no {where[info.route]} is configured on this gateway", RETRY_AFTER_SECONDS
+                f"no {where[route]} is configured on this gateway", RETRY_AFTER_SECONDS
             )
         healthy = [b for b in registry.healthy() if b not in exclude and b in backends]
         if not healthy:
             return overloaded(
-                f"no {where[info.route]} can take the request right now "
+                f"no {where[route]} can take the request right now "
                 f"({num_configured} configured, none available)",
                 RETRY_AFTER_SECONDS,
             )
         serving = [b for b in healthy if model is None or b.serves(model)]
-        refusals = [b.refusal(info) for b in serving]
+        refusals = [b.plan_for(request).refusal for b in serving]
         if serving and all(refusals):
             reasons = "; ".join(sorted({reason for reason in refusals if reason}))
             return overloaded(

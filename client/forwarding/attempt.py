@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -19,11 +20,10 @@ import httpx
 from starlette.responses import Response
 
 from client.backends.base import Backend, InFlightLease
-from client.backends.openai_upstream import REFUSED_KEY_COOLDOWN_SECONDS, OpenAIJumper
 from client.backends.translation import Translation
 from client.config.schema import ClientConfig
 from client.forwarding.stream_relay import StreamRelay, returned_headers
-from client.gateway_request import ForwardRequest
+from client.gateway_request import GatewayRequest
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
 from utils.errors import APIError
 
@@ -33,8 +33,6 @@ logger = logging.getLogger(__name__)
 OVERLOAD_STATUSES = (429, 503)
 #: Upstream statuses that count against the backend's circuit and are retried elsewhere.
 FAILURE_STATUSES = (500, 502)
-#: Upstream statuses that mean a jumper's key is not accepted.
-REFUSED_KEY_STATUSES = (401, 403)
 
 
 class Retryable(Exception):
@@ -55,10 +53,10 @@ class _Attempt:
 
     backend: Backend
     lease: InFlightLease
-    request: ForwardRequest
+    request: GatewayRequest
     translation: Translation | None
 
-    def parts(self) -> tuple[Backend, InFlightLease, ForwardRequest, Translation | None]:
+    def parts(self) -> tuple[Backend, InFlightLease, GatewayRequest, Translation | None]:
         """The four, for unpacking."""
         return self.backend, self.lease, self.request, self.translation
 
@@ -80,7 +78,7 @@ class AttemptRunner:
         self.config = config
 
     async def run(
-        self, backend: Backend, lease: InFlightLease, request: ForwardRequest
+        self, backend: Backend, lease: InFlightLease, request: GatewayRequest
     ) -> Response:
         """Send ``request`` to ``backend``; raises :class:`Retryable` if another may try.
 
@@ -103,7 +101,9 @@ class AttemptRunner:
             current = asyncio.current_task()
             if not is_abandoned or (current is not None and current.cancelling()):
                 raise  # the caller went away
-            logger.warning("abandoned %s on %s: it was marked down", request.path, backend.name)
+            logger.warning(
+                "request %s: abandoned on %s (marked down)", request.request_id, backend.name
+            )
             error = APIError(
                 503, "the model server stopped answering", headers={"Retry-After": "1"}
             )
@@ -112,15 +112,15 @@ class AttemptRunner:
             backend.waiting_attempts.discard(abandon)
 
     async def _attempt_task(
-        self, backend: Backend, lease: InFlightLease, request: ForwardRequest
+        self, backend: Backend, lease: InFlightLease, request: GatewayRequest
     ) -> Response:
-        attempt = _Attempt(backend, lease, request, backend.translation_for(request))
+        attempt = _Attempt(backend, lease, request, backend.plan_for(request).translation)
         response: httpx.Response | None = None
         try:
             response = await self._send(attempt)
             if response.status_code >= 400:
                 return await self._error_answer(attempt, response)
-            if request.info.is_stream:
+            if request.is_stream:
                 return await self._stream_answer(attempt, response)
             return await self._json_answer(attempt, response)
         except BaseException:
@@ -135,26 +135,29 @@ class AttemptRunner:
 
     async def _send(self, attempt: _Attempt) -> httpx.Response:
         backend, lease, request, translation = attempt.parts()
-        headers = {"content-type": "application/json", **request.headers}
+        headers = {
+            "content-type": "application/json",
+            **request.headers,
+            "x-request-id": request.request_id,
+        }
         headers.update(backend.request_headers())
         client = self.local_client if backend.is_local else self.upstream_client
         if translation is not None:
             path, body = translation.request()
         else:
-            path, body = request.path, self._body_for(backend, request)
+            path, body = request.endpoint, self._body_for(backend, request)
         upstream_request = client.build_request(
             "POST", backend.url_for(path), content=body, headers=headers, timeout=self._timeout()
         )
         try:
             return await client.send(upstream_request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            if isinstance(backend, OpenAIJumper):
-                backend.rest(self.config.jumper_cooldown_seconds)
-            else:
-                backend.mark_unreachable(f"{type(exc).__name__}: {exc}")
+            backend.on_unreachable(
+                f"{type(exc).__name__}: {exc}", self.config.jumper_cooldown_seconds
+            )
             lease.release(is_failure=True)
             self._observe(backend, request, "unreachable")
-            logger.warning("cannot reach %s for %s: %r", backend.name, request.path, exc)
+            logger.warning("request %s: cannot reach %s: %r", request.request_id, backend.name, exc)
             error = APIError(
                 503,
                 "the model server chosen for this request is unreachable",
@@ -164,10 +167,10 @@ class AttemptRunner:
         except httpx.HTTPError as exc:
             raise self._transport_failure(attempt, exc) from None
 
-    def _body_for(self, backend: Backend, request: ForwardRequest) -> bytes:
+    def _body_for(self, backend: Backend, request: GatewayRequest) -> bytes:
         """The body as sent to ``backend``: unchanged unless the upstream names the model
         differently (``model_map`` of a jumper)."""
-        model = request.info.model
+        model = request.model
         upstream_model = backend.upstream_model(model)
         if upstream_model == model:
             return request.body
@@ -194,7 +197,7 @@ class AttemptRunner:
         """
         backend, lease, request, _ = attempt.parts()
         lease.release(is_failure=True)
-        logger.warning("request %s to %s failed: %r", request.path, backend.name, exc)
+        logger.warning("request %s: %s failed: %r", request.request_id, backend.name, exc)
         if isinstance(exc, httpx.TimeoutException):
             self._observe(backend, request, "timeout")
             return APIError(504, "the model server did not answer in time")
@@ -215,36 +218,33 @@ class AttemptRunner:
         if translation is not None:
             status, body = translation.error(status, body)
         self._observe(backend, request, outcome_of_status(status))
-        if isinstance(backend, OpenAIJumper):
-            body = backend.scrub(body.decode("utf-8", "replace")).encode()
+        body = backend.scrub(body.decode("utf-8", "replace")).encode()
         answer = Response(
             body,
             status_code=status,
             headers=returned_headers(response),
             media_type="application/json",
         )
-        if isinstance(backend, OpenAIJumper) and status in REFUSED_KEY_STATUSES:
+        if backend.refuses_credentials(status):
             lease.release()
-            backend.rest(REFUSED_KEY_COOLDOWN_SECONDS)
             logger.error(
                 "upstream %s refused the gateway's key (HTTP %d); the key rests %.0f s",
                 backend.name,
                 status,
-                REFUSED_KEY_COOLDOWN_SECONDS,
+                backend.breaker.seconds_until_retry(),
             )
             # The caller's own credentials are fine: this is the gateway's problem.
             error = APIError(502, f"the upstream refused the gateway's credentials (HTTP {status})")
             raise Retryable("key_refused", error.to_json_response())
         if status in OVERLOAD_STATUSES:
             lease.release()
-            if isinstance(backend, OpenAIJumper):
-                backend.rest(_retry_after(response) or self.config.jumper_cooldown_seconds)
+            backend.on_overloaded(_retry_after(response), self.config.jumper_cooldown_seconds)
             raise Retryable("overloaded", answer)
         if status in FAILURE_STATUSES:
             lease.release(is_failure=True)
             raise Retryable("server_error", answer)
         lease.release(is_failure=False)  # a 4xx is the request's fault, not the server's
-        self.metrics.observe_request(request.info.endpoint, outcome_of_status(status), request)
+        self.finish(request, outcome_of_status(status), backend)
         return answer
 
     async def _json_answer(self, attempt: _Attempt, response: httpx.Response) -> Response:
@@ -258,7 +258,7 @@ class AttemptRunner:
             await response.aclose()
         lease.release(is_failure=False)
         self._observe(backend, request, "ok")
-        self.metrics.observe_request(request.info.endpoint, "ok", request)
+        self.finish(request, "ok", backend)
         if translation is not None:
             body = translation.answer(body)
         return Response(
@@ -288,11 +288,11 @@ class AttemptRunner:
             is_failure = None if outcome == "cancelled" else outcome != "ok"
             lease.release(is_failure=is_failure)
             self._observe(backend, request, outcome)
-            self.metrics.observe_request(request.info.endpoint, outcome, request)
+            self.finish(request, outcome, backend)
 
         return StreamRelay(response, first_chunk, chunks, on_close, translator)
 
-    def _cancelled(self, backend: Backend, lease: InFlightLease, request: ForwardRequest) -> None:
+    def _cancelled(self, backend: Backend, lease: InFlightLease, request: GatewayRequest) -> None:
         """An attempt was cancelled: the caller went away, or the backend was marked down
         while the attempt waited (abandoned: a failure of the backend)."""
         if lease.is_abandoned:
@@ -302,8 +302,24 @@ class AttemptRunner:
             lease.release()
             self._observe(backend, request, "cancelled")
 
-    def _observe(self, backend: Backend, request: ForwardRequest, outcome: Outcome) -> None:
-        self.metrics.observe_attempt(backend, request.info.endpoint, outcome, request)
+    def _observe(self, backend: Backend, request: GatewayRequest, outcome: Outcome) -> None:
+        request.attempts.append(f"{backend.name}:{outcome}")
+        self.metrics.observe_attempt(backend, request.endpoint, outcome, request)
+
+    def finish(self, request: GatewayRequest, outcome: Outcome, backend: Backend | None) -> None:
+        """The request is over (answered, relayed, refused or failed over): time it, and log
+        one line that follows it across processes (its id is in the servers' logs too)."""
+        self.metrics.observe_request(request.endpoint, outcome, request)
+        logger.info(
+            "request %s %s model=%s -> %s: %s after %.3f s (attempts: %s)",
+            request.request_id,
+            request.endpoint,
+            request.model,
+            backend.name if backend is not None else "no backend",
+            outcome,
+            time.monotonic() - request.received_at,
+            ", ".join(request.attempts) or "none",
+        )
 
 
 def _retry_after(response: httpx.Response) -> float | None:

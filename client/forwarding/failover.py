@@ -26,14 +26,15 @@ from client.backends.base import Backend, InFlightLease
 from client.balancing.router import Router
 from client.config.schema import ClientConfig
 from client.forwarding.attempt import AttemptRunner, Retryable
-from client.gateway_request import ForwardRequest
+from client.gateway_request import GatewayRequest
 from client.metrics import GatewayMetrics
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
 
-#: Caller headers worth passing on (request correlation); credentials are never forwarded.
-FORWARDED_REQUEST_HEADERS = ("x-request-id", "traceparent")
+#: Caller headers worth passing on (trace correlation; the request id is set by the gateway);
+#: credentials are never forwarded.
+FORWARDED_REQUEST_HEADERS = ("traceparent", "tracestate")
 #: Longest single backoff between two attempts.
 MAX_BACKOFF_SECONDS = 1.0
 
@@ -66,7 +67,7 @@ class Proxy:
         self._config = config
         self.attempts.config = config
 
-    async def forward(self, request: ForwardRequest) -> Response:
+    async def forward(self, request: GatewayRequest) -> Response:
         """The answer for ``request``; raises :class:`APIError` when no backend could be tried."""
         tried: list[Backend] = []
         last_failure: Retryable | None = None
@@ -76,14 +77,14 @@ class Proxy:
                 await asyncio.sleep(self._backoff(attempt))
             exclude = self._excluded(tried)
             try:
-                backend = await self.router.select(request.info, exclude=exclude)
+                backend = await self.router.select(request, exclude=exclude)
             except APIError as exc:
                 if last_failure is not None:  # report what went wrong, not "nothing left"
                     break
-                self.metrics.observe_request(request.info.endpoint, "rejected", request)
-                self.metrics.observe_attempt(None, request.info.endpoint, "rejected", request)
+                self.metrics.observe_attempt(None, request.endpoint, "rejected", request)
+                self.attempts.finish(request, "rejected", None)
                 raise exc from None
-            if not backend.is_local and request.info.route == "auto":
+            if not backend.is_local and request.route == "auto":
                 self.metrics.count_fallback("local_failed" if tried else "no_local_server")
             # No await between the choice and the lease: the next request sees this choice.
             lease = InFlightLease(backend)
@@ -94,7 +95,7 @@ class Proxy:
                 self.metrics.count_retry(backend, failure.reason)
                 last_failure = failure
         assert last_failure is not None
-        self.metrics.observe_request(request.info.endpoint, "failed_over", request)
+        self.attempts.finish(request, "failed_over", tried[-1])
         return last_failure.response
 
     def _excluded(self, tried: list[Backend]) -> set[Backend]:

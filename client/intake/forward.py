@@ -10,21 +10,15 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from client.backends.native_answers_to_openai import native_equivalent
-from client.backends.native_to_openai import upstream_unsupported_fields
-from client.backends.triton_server import triton_unsupported_reasons
-from client.balancing.policies import affinity_key_of
 from client.forwarding.failover import FORWARDED_REQUEST_HEADERS
 from client.gateway import Gateway
-from client.gateway_request import ForwardRequest, RequestInfo, Route
+from client.gateway_request import GatewayRequest, ParsedRequest, Route
 from client.intake.auth import check_caller
-from protocol.generation import GenerateRequest
-from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from utils.errors import APIError, validation_api_error
 from utils.http import run_unless_disconnected
+from utils.request_id import request_id_of
 
 RequestT = TypeVar("RequestT", bound=BaseModel)
-ForwardedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest
 
 #: Header with which a caller restricts where its request may go.
 ROUTE_HEADER = "x-llm-route"
@@ -93,7 +87,7 @@ def count_rejected(request: Request, endpoint: str, received_at: float) -> None:
     metrics.observe_request(endpoint, "rejected", received_at)
 
 
-async def forward(request: Request, endpoint: str, schema: type[ForwardedRequest]) -> Response:
+async def forward(request: Request, endpoint: str, schema: type[ParsedRequest]) -> Response:
     """Validate the caller's body against ``schema``, then forward the body unchanged.
 
     Forwarding the original bytes (not the parsed model) lets fields the gateway does not know
@@ -113,44 +107,27 @@ async def forward(request: Request, endpoint: str, schema: type[ForwardedRequest
 async def forward_parsed(
     request: Request,
     endpoint: str,
-    parsed: ForwardedRequest,
+    parsed: ParsedRequest,
     body: bytes,
     route: Route,
     received_at: float,
 ) -> Response:
-    """Route an already validated request (``body`` is what the servers get)."""
-    headers = {
-        name: request.headers[name] for name in FORWARDED_REQUEST_HEADERS if name in request.headers
-    }
-    affinity_key = affinity_key_of(
-        request.headers.get(SESSION_HEADER),
-        getattr(parsed, "user", None),
-        getattr(parsed, "prompt", None),
-        getattr(parsed, "messages", None),
-    )
-    native = native_equivalent(parsed)
-    is_native_endpoint = isinstance(parsed, GenerateRequest)
-    info = RequestInfo(
+    """Route an already validated request (``body`` is what our servers get)."""
+    gateway_request = GatewayRequest(
         endpoint=endpoint,
-        model=parsed.model or None,
-        is_stream=parsed.stream,
-        route=route,
-        affinity_key=affinity_key,
-        upstream_unsupported=upstream_unsupported_fields(parsed) if is_native_endpoint else (),
-        triton_unsupported=triton_unsupported_reasons(native) if native else (),
-        is_chat=native is not None and native.messages is not None,
-        has_native=native is not None,
-        is_usage_streamed=getattr(parsed, "is_usage_streamed", False),
-    )
-    forward_request = ForwardRequest(
-        info=info,
-        native=native,
-        path=endpoint,
+        parsed=parsed,
         body=body,
-        headers=headers,
+        route=route,
+        request_id=request_id_of(request.state),
+        session_id=request.headers.get(SESSION_HEADER),
+        headers={
+            name: request.headers[name]
+            for name in FORWARDED_REQUEST_HEADERS
+            if name in request.headers
+        },
         received_at=received_at,
     )
     # A caller giving up on a long non-streaming answer cancels the forward, which drops the
     # upstream connection so the server stops generating for nobody.
     proxy = gateway_of(request).proxy
-    return await run_unless_disconnected(request, proxy.forward(forward_request))
+    return await run_unless_disconnected(request, proxy.forward(gateway_request))

@@ -1,0 +1,55 @@
+"""Request ids end to end: every HTTP request gets one (the caller's ``X-Request-ID`` when it
+sent a sane one), the app reads it from ``request.state.request_id`` for its logs, and every
+answer carries it back in ``X-Request-ID``, errors included."""
+
+from __future__ import annotations
+
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+REQUEST_ID_HEADER = "x-request-id"
+#: Longer ids, or ids with characters outside printable ASCII, are replaced (they end up in
+#: log lines and headers).
+MAX_REQUEST_ID_CHARS = 128
+
+
+def sane_request_id(value: str | None) -> str | None:
+    """``value`` when it is usable as a request id (1-128 printable ASCII characters, no
+    spaces), else None."""
+    if not value or len(value) > MAX_REQUEST_ID_CHARS:
+        return None
+    if not all("!" <= char <= "~" for char in value):
+        return None
+    return value
+
+
+class RequestIdMiddleware:
+    """ASGI middleware giving each HTTP request an id and returning it in the answer."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = REQUEST_ID_HEADER.encode()
+        sent = next((v for k, v in scope.get("headers", []) if k.lower() == header), None)
+        request_id = sane_request_id(sent.decode("latin-1") if sent else None)
+        request_id = request_id or uuid.uuid4().hex
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", []) if k.lower() != header]
+                headers.append((header, request_id.encode()))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
+
+
+def request_id_of(state: object) -> str:
+    """The id the middleware gave the request (``request.state``); a fresh one without it."""
+    return getattr(state, "request_id", None) or uuid.uuid4().hex
