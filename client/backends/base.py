@@ -109,6 +109,15 @@ class Backend:
         return self.url
 
     @property
+    def identity(self) -> tuple[object, ...]:
+        """What makes a configured backend the same one across config reloads."""
+        return (self.kind, self.url)
+
+    def adopt_settings(self, fresh: Backend) -> None:
+        """Take the settings of ``fresh`` (the same backend, built from a reloaded config),
+        keeping this one's state: health, load, circuit (kinds with settings override this)."""
+
+    @property
     def is_local(self) -> bool:
         """True for our own model servers (False for OpenAI-compatible upstreams)."""
         return self.kind != "openai"

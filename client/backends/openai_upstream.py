@@ -59,9 +59,14 @@ class OpenAIJumper(Backend):
         return f"openai[{self.index}]@{self.url}"
 
     @property
-    def identity(self) -> tuple[str, str, str | None]:
+    def identity(self) -> tuple[object, ...]:
         """What makes two entries the same key (kept across config reloads)."""
-        return (self.url, self.config.api_key.get_secret_value(), self.config.org_id)
+        return (self.kind, self.url, self.config.api_key.get_secret_value(), self.config.org_id)
+
+    def adopt_settings(self, fresh: Backend) -> None:
+        """Same key: keep its rest and usage, take the entry's new position and models."""
+        assert isinstance(fresh, OpenAIJumper)
+        self.config, self.index, self.model_ids = fresh.config, fresh.index, fresh.model_ids
 
     def serves(self, model: str) -> bool:
         """True when the entry lists ``model`` (in ``models`` or ``model_map``), or lists none."""

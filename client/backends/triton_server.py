@@ -42,6 +42,11 @@ class TritonBackend(Backend):
         """The backend for one entry of ``triton_server_urls``."""
         return cls(url=config.url, kind="triton", config=config)
 
+    def adopt_settings(self, fresh: Backend) -> None:
+        """The same server from a reloaded config: take its entry (model names, template)."""
+        assert isinstance(fresh, TritonBackend)
+        self.config = fresh.config
+
     def triton_model(self, model: str | None) -> str:
         """The Triton name of the gateway's ``model`` (no model: the first configured)."""
         if model is None or model not in self.config.models:

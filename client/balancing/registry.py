@@ -10,9 +10,8 @@ from collections.abc import Collection
 
 import httpx
 
-from client.backends.base import Backend, BackendKind
-from client.backends.openai_upstream import OpenAIJumper, make_jumpers
-from client.backends.triton_server import TritonBackend
+from client.backends.base import Backend
+from client.backends.catalog import backends_from_config
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
 
@@ -79,29 +78,13 @@ class BackendRegistry:
         """
         self.health_timeout_seconds = config.health_timeout_seconds
         self.heartbeat_interval_seconds = config.heart_beat_interval_seconds
-        wanted: list[tuple[str, BackendKind]] = [
-            (url, "continuous_batching") for url in config.continuous_batching_server_urls
-        ]
-        wanted += [(url, "static_batching") for url in config.static_batching_server_urls]
-        old_local = {(b.url, b.kind): b for b in self.backends if b.is_local}
-        old_jumpers = {b.identity: b for b in self.backends if isinstance(b, OpenAIJumper)}
-        backends: list[Backend] = [
-            old_local.get(key) or Backend(url=key[0], kind=key[1]) for key in wanted
-        ]
-        for triton_config in config.triton_server_urls:
-            kept_triton = old_local.get((triton_config.url, "triton"))
-            if isinstance(kept_triton, TritonBackend):
-                kept_triton.config = triton_config
-                backends.append(kept_triton)
-            else:
-                backends.append(TritonBackend.from_config(triton_config))
-        for jumper in make_jumpers(config.openai_jumper_configs):
-            kept = old_jumpers.get(jumper.identity)
-            if kept is not None:  # same key: keep its rest and usage, take the new settings
-                kept.config, kept.index = jumper.config, jumper.index
-                kept.model_ids = jumper.model_ids
-                jumper = kept
-            backends.append(jumper)
+        current = {backend.identity: backend for backend in self.backends}
+        backends: list[Backend] = []
+        for fresh in backends_from_config(config):
+            kept = current.get(fresh.identity)
+            if kept is not None:  # same server or key: keep its state, take the new settings
+                kept.adopt_settings(fresh)
+            backends.append(kept or fresh)
         for backend in backends:
             backend.num_failures_to_mark_down = config.num_failures_to_mark_down
             backend.breaker.failure_threshold = config.circuit_breaker_failures
@@ -168,18 +151,6 @@ class BackendRegistry:
             await asyncio.gather(*(backend.probe(client, timeout) for backend in backends))
 
     # -- lookup ----------------------------------------------------------------------------
-
-    def get(self, url: str) -> Backend | None:
-        """The backend with this URL, if configured."""
-        return next((backend for backend in self.backends if backend.url == url), None)
-
-    def local(self) -> list[Backend]:
-        """Our own model servers."""
-        return [backend for backend in self.backends if backend.is_local]
-
-    def jumpers(self) -> list[OpenAIJumper]:
-        """The OpenAI-compatible upstream keys."""
-        return [backend for backend in self.backends if isinstance(backend, OpenAIJumper)]
 
     def healthy(self) -> list[Backend]:
         """Backends that take requests now (healthy, circuit not open)."""

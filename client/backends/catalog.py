@@ -1,0 +1,23 @@
+"""Every backend kind, built from the gateway config: the one place that lists the kinds."""
+
+from __future__ import annotations
+
+from client.backends.base import Backend
+from client.backends.openai_upstream import make_jumpers
+from client.backends.triton_server import TritonBackend
+from client.config.schema import ClientConfig
+
+
+def backends_from_config(config: ClientConfig) -> list[Backend]:
+    """Fresh backends for every configured server and key, in routing order: CB servers, SB
+    servers, Triton servers, then the OpenAI jumper keys (placeholder keys skipped)."""
+    backends: list[Backend] = [
+        Backend(url=url, kind="continuous_batching")
+        for url in config.continuous_batching_server_urls
+    ]
+    backends += [
+        Backend(url=url, kind="static_batching") for url in config.static_batching_server_urls
+    ]
+    backends += [TritonBackend.from_config(entry) for entry in config.triton_server_urls]
+    backends += make_jumpers(config.openai_jumper_configs)
+    return backends
