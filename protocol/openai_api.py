@@ -101,6 +101,17 @@ class _SamplingFields(BaseModel):
             seed=self.seed,
         )
 
+    def _native(self, **inputs: Any) -> GenerateRequest | None:
+        """The native request with ``inputs`` (prompt or messages) and this request's options;
+        None when the options make no valid native config."""
+        try:
+            config = self.to_generation_config()
+            return GenerateRequest(
+                model=self.model, generation_config=config, stream=self.stream, **inputs
+            )
+        except (ValueError, ValidationError):
+            return None
+
     @property
     def is_usage_streamed(self) -> bool:
         """True when the last stream chunk must carry usage."""
@@ -144,13 +155,7 @@ class CompletionRequest(_SamplingFields):
         prompts = self.prompts()
         if len(prompts) != 1 or not isinstance(prompts[0], str) or self.echo:
             return None
-        try:
-            config = self.to_generation_config()
-        except (ValueError, ValidationError):
-            return None
-        return GenerateRequest(
-            model=self.model, prompt=prompts[0], generation_config=config, stream=self.stream
-        )
+        return self._native(prompt=prompts[0])
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -190,13 +195,7 @@ class ChatCompletionRequest(_SamplingFields):
         message, chat template arguments, or options that make no valid native config)."""
         if self.continue_final_message or self.chat_template_kwargs:
             return None
-        try:
-            config = self.to_generation_config()
-        except (ValueError, ValidationError):
-            return None
-        return GenerateRequest(
-            model=self.model, messages=self.messages, generation_config=config, stream=self.stream
-        )
+        return self._native(messages=self.messages)
 
 
 class CompletionChoice(BaseModel):
