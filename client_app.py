@@ -3,15 +3,16 @@
 Native API (``POST /generate``), OpenAI-compatible API (``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/models``) and Triton's generate API
 (``/v2/models/{m}/generate`` and ``generate_stream``, see ``client.intake.triton_api``),
-streaming or not. Requests are validated here (a bad body gets a 400 naming the field without
-bothering a
-server), then the caller's original JSON is forwarded to a healthy server that serves the
-requested model, chosen by the configured balancing policy, with failover to other servers
-and, when no local server can take it, to the OpenAI jumpers. ``X-LLM-Route:
-local|openai|auto`` restricts where a request may go. With ``api_keys`` in the config, callers
-must send ``Authorization: Bearer <key>`` (``/health`` and ``/metrics`` stay open for probes
-and scrapers). The config file is watched and re-read on change (and on SIGHUP when run
-directly), without dropping requests.
+streaming or not. A request is validated once, at intake (a bad body gets a 400 naming the
+field without bothering a server), and travels as one ``GatewayRequest``: the caller's
+original JSON goes to a healthy server that serves the requested model, chosen by the
+configured balancing policy (``client.balancing``), with failover to other servers and, when
+no local server can take it, to the OpenAI jumpers (``client.forwarding.failover``).
+``X-LLM-Route: local|openai|auto`` restricts where a request may go. Every answer carries an
+``X-Request-ID`` (the caller's, or a new one), which the servers log too. With ``api_keys`` in
+the config, callers must send ``Authorization: Bearer <key>`` (``/health`` and ``/metrics``
+stay open for probes and scrapers). The config file is watched and re-read on change (and on
+SIGHUP when run directly), without dropping requests.
 
 Run: ``python client_app.py --config configs/client_config.json --port 8000``; gunicorn calls
 ``build_app(config_path)``.
