@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from launcher.console import StartAppError
 
-REPO_ROOT: Path = Path(__file__).resolve().parents[2]
+REPO_ROOT: Path = Path(__file__).resolve().parents[1]
 DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"
 DEFAULT_HEALTH_TIMEOUT: float = 180.0
 
