@@ -23,7 +23,7 @@ import pytest
 
 from protocol.generation import GenerateRequest
 from protocol.triton import TritonErrorResponse, TritonGenerateRequest, TritonGenerateResponse
-from server.triton.pytriton_server import WORKER_SCRIPT
+from tests.triton.stand_in.pytriton_server import WORKER_SCRIPT
 from tests.triton.triton_server import TritonServer
 
 pytestmark = pytest.mark.slow

@@ -1,8 +1,8 @@
 """A real Triton Inference Server (PyTriton) in a subprocess, for tests.
 
-``server/triton/pytriton_server.py`` runs in its own Python 3.12 venv (``.venv-triton``: PyTriton
+``stand_in/pytriton_server.py`` runs in its own Python 3.12 venv (``.venv-triton``: PyTriton
 and numpy, no torch), built here on first use when missing (about 25 seconds and 355 MB: see
-``server/triton/setup_venv.py``). Its model runs in a worker process under this interpreter
+``stand_in/setup_venv.py``). Its model runs in a worker process under this interpreter
 (the project's, with CPU torch and transformers) unless $LLM_SUITE_TRITON_WORKER_PYTHON names
 another. The server listens on free 127.0.0.1 ports and is ready once Triton says its *model* is
 ready: ``/v2/health/ready`` already answers 200 while the model is still loading.
@@ -24,11 +24,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.triton.pytriton_server import WORKER_PYTHON_ENV
-from server.triton.setup_venv import TritonVenvError, ensure_venv, find_python312
 from tests.support.paths import REPO_ROOT
+from tests.triton.stand_in.pytriton_server import WORKER_PYTHON_ENV
+from tests.triton.stand_in.setup_venv import TritonVenvError, ensure_venv, find_python312
 
-SERVER_SCRIPT = REPO_ROOT / "server" / "triton" / "pytriton_server.py"
+SERVER_SCRIPT = Path(__file__).resolve().with_name("stand_in") / "pytriton_server.py"
 #: TensorRT-LLM deployments call their model "ensemble"; the gateway maps our names onto it.
 DEFAULT_TRITON_MODEL = "ensemble"
 

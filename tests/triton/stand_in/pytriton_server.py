@@ -36,7 +36,7 @@ is closed early (PyTriton shutting down), which is as far as cancellation reache
 
 Usage::
 
-    .venv-triton/bin/python server/triton/pytriton_server.py \\
+    .venv-triton/bin/python tests/triton/stand_in/pytriton_server.py \\
         --model-dir models/SmolLM2-135M-Instruct --http-port 8010 --grpc-port 8011 \\
         --metrics-port 8012 --model-name ensemble [--worker-python .venv/bin/python]
 """
@@ -65,7 +65,7 @@ import numpy as np
 
 LOGGER = logging.getLogger("pytriton_server")
 
-REPO_ROOT: Path = Path(__file__).resolve().parents[2]
+REPO_ROOT: Path = Path(__file__).resolve().parents[3]
 WORKER_SCRIPT: Path = Path(__file__).resolve().with_name("transformers_worker.py")
 #: The worker's interpreter when ``--worker-python`` is not given.
 WORKER_PYTHON_ENV: str = "LLM_SUITE_TRITON_WORKER_PYTHON"

@@ -12,7 +12,7 @@ CUDA build: the venv was 5.2 GB and two minutes with it). Seen here without a pi
 
 Usage::
 
-    python server/triton/setup_venv.py [--venv .venv-triton] [--python /path/to/python3.12]
+    python tests/triton/stand_in/setup_venv.py [--venv .venv-triton] [--python /path/to/python3.12]
 
 Idempotent: a stamp file holding the requirements' hash marks a finished install, so a second
 run returns at once. Without a matching stamp (an interrupted install, or changed requirements)
@@ -34,7 +34,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-REPO_ROOT: Path = Path(__file__).resolve().parents[2]
+REPO_ROOT: Path = Path(__file__).resolve().parents[3]
 REQUIREMENTS: Path = Path(__file__).resolve().with_name("requirements.txt")
 DEFAULT_VENV: Path = REPO_ROOT / ".venv-triton"
 #: Where the venv lives, if not in the default place.

@@ -1,4 +1,4 @@
-"""Triton Inference Server interop: a PyTriton test server and the venv it runs in.
+"""The tests' stand-in for a Triton + TensorRT-LLM deployment: a PyTriton server and its venv.
 
 ``pytriton_server.py`` runs in its own Python 3.12 venv (``setup_venv.py`` builds it) and
 starts ``transformers_worker.py`` under the project's interpreter to run the model; neither
