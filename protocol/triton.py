@@ -9,7 +9,8 @@ Triton + TensorRT-LLM deployment serves the ``ensemble`` model, whose inputs are
 ``return_*`` flags and a few multimodal / LoRA / prompt-tuning tensors; its output is
 ``text_output`` (the generated text only, one string per returned beam).
 
-What a real Triton answers (Triton 2.51, seen against ``server/triton/pytriton_server.py``):
+What a real Triton answers (Triton 2.51, seen against the tests' PyTriton server,
+``tests/triton/stand_in/pytriton_server.py``):
 
 * ``generate``: ``{"model_name": "ensemble", "model_version": "1", "text_output": "..."}``
   (``"id"`` first when the request had one; ``text_output`` is a list with several beams);

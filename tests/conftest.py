@@ -1,4 +1,9 @@
-"""Session-wide fixtures: the default model (loaded once), a real SB server and a gateway."""
+"""Session-wide fixtures more than one area uses: the default model (built once), the SB model
+with a real SB server and a gateway in front of it, and the CB model runner.
+
+Helpers are plain modules imported by name (``tests.support.*``, or the area's own folder);
+fixtures of one area live in that area's ``conftest.py`` (``tests/triton/conftest.py``).
+"""
 
 from __future__ import annotations
 
@@ -11,23 +16,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from fake_model_server import start_gateway  # noqa: E402
-from servers import ServerThread  # noqa: E402
-from triton_server import TritonServer, start_triton_server  # noqa: E402
-
 from server.common.app import create_server_app  # noqa: E402
 from server.common.service import ServingSettings  # noqa: E402
-from server.continuous_batching.config import EngineConfig  # noqa: E402
 from server.continuous_batching.model_runner import ModelRunner  # noqa: E402
 from server.static_batching.backend import StaticBatchingBackend, load_model  # noqa: E402
 from server.static_batching.config import SBServerConfig  # noqa: E402
 from server.static_batching.worker import LoadedModel  # noqa: E402
+from tests.support.default_model import engine_config  # noqa: E402
+from tests.support.servers import ServerThread, start_gateway  # noqa: E402
 from tools.prepare_model import ensure_default_model  # noqa: E402
-
-#: The question the demo, the chat page and the Triton tests ask.
-DEMO_QUESTION = "What is the capital of France?"
-
-MODEL_ID = "SmolLM2-135M-Instruct"
 
 
 @pytest.fixture(scope="session")
@@ -74,42 +71,7 @@ def sb_gateway(
     gateway.stop()
 
 
-def engine_config(model_path: Path, **cache: object) -> EngineConfig:
-    return EngineConfig.model_validate(
-        {
-            "model_loading_config": {
-                "model_name_or_path": str(model_path),
-                "torch_dtype": "float32",
-            },
-            "batcher_config": {"batch_max_tokens": 512, "batch_max_beams": 64},
-            "cache_config": {"num_blocks": 1024, "num_blocks_cpu": 256, "block_size": 16, **cache},
-        }
-    )
-
-
 @pytest.fixture(scope="session")
 def cb_runner(default_model_path: Path) -> ModelRunner:
     """The CB model (float32) and KV pools, loaded once; tests build engines over it."""
     return ModelRunner(engine_config(default_model_path))
-
-
-@pytest.fixture(scope="session")
-def triton(
-    default_model_path: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[TritonServer]:
-    """A real Triton server (PyTriton, transformers) over the default model, started once per
-    session: raw text prompts, Triton model name "ensemble", as TensorRT-LLM takes them."""
-    server = start_triton_server(default_model_path, tmp_path_factory.mktemp("triton"))
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="session")
-def chat_prompt(default_model_path: Path) -> str:
-    """The demo question rendered with the model's chat template (Triton applies none)."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
-    return tokenizer.apply_chat_template(
-        [{"role": "user", "content": DEMO_QUESTION}], tokenize=False, add_generation_prompt=True
-    )

@@ -1,0 +1,1 @@
+"""The test suite. Every folder is a package, so helpers import as ``tests.<area>.<module>``."""

@@ -1,0 +1,1 @@
+"""The continuous-batching server: its async front and its HTTP API."""

@@ -1,0 +1,1 @@
+"""The continuous-batching engine: model, sampler, scheduler, beam search, weight loaders."""

@@ -1,0 +1,1 @@
+"""The gateway: routing, balancing, failover, jumpers, streams, the openai SDK."""

@@ -1,0 +1,213 @@
+"""A fake model server for the gateway tests, served by a real uvicorn in a thread.
+
+The fake server stands in for a CB/SB model server: it answers ``/health`` with a chosen model
+id and load, ``/v1/models``, and ``/generate`` + ``/v1/completions`` + ``/v1/chat/completions``
+with deterministic text (``"[<name>] w1 w2 ..."``), streaming one word per SSE event. It can be
+told to fail, to hold a stream after its first event, or to break a stream off, and it counts
+what happened to its streams. Like a real server it refuses (404) a model it does not serve,
+so a wrongly routed request fails loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from protocol.health import HealthResponse, LoadReport, ServerKind
+from protocol.openai_api import ModelCard, ModelList
+from tests.support.servers import ServerThread
+from utils.sse import SSE_HEADERS, encode_done, encode_event
+
+_ids = itertools.count()
+
+
+@dataclass
+class FakeServerSettings:
+    """How a fake server behaves (mutable while it runs) and what it observed."""
+
+    model_id: str = "fake-model"
+    name: str = "fake"
+    kind: ServerKind = "static_batching"
+    status: str = "ok"
+    load: LoadReport = field(default_factory=LoadReport)
+    max_model_len: int = 2048
+    num_stream_events: int = 3
+    stream_delay_seconds: float = 0.01
+    #: When given, streams pause after their first event until the event is set.
+    stream_gate: threading.Event | None = None
+    #: When given, non-streaming answers wait until the event is set (or the caller leaves).
+    answer_gate: threading.Event | None = None
+    #: When given, streams raise after this many events (the connection breaks off).
+    break_stream_after: int | None = None
+    is_health_failing: bool = False
+    #: When given, generation endpoints answer this HTTP status with the error shape.
+    fail_status: int | None = None
+    #: Like an OpenAI upstream: these bearer keys get this status (e.g. 429 for a spent key).
+    fail_status_by_key: dict[str, int] = field(default_factory=dict)
+    # Observations.
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: The Authorization header of each generation request ("" when absent).
+    authorizations: list[str] = field(default_factory=list)
+    #: The X-Request-ID header of each generation request ("" when absent).
+    request_ids: list[str] = field(default_factory=list)
+    num_streams_started: int = 0
+    num_streams_completed: int = 0
+    num_streams_cancelled: int = 0
+    num_answers_abandoned: int = 0
+
+    def pieces(self) -> list[str]:
+        """The answer, one piece per stream event."""
+        return [f"[{self.name}]"] + [f" w{i}" for i in range(1, self.num_stream_events)]
+
+    def text(self) -> str:
+        """The whole answer text."""
+        return "".join(self.pieces())
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    body = {"error": {"type": "fake_error", "message": message, "code": status, "param": None}}
+    return JSONResponse(body, status_code=status, headers={"Retry-After": "7"})
+
+
+def _payloads(path: str, body: dict[str, Any], settings: FakeServerSettings) -> list[dict]:
+    """The stream chunks of an answer, in the wire format of ``path``."""
+    request_id = f"fake-{next(_ids)}"
+    model = settings.model_id
+    pieces = settings.pieces()
+    usage = {"prompt_tokens": 2, "completion_tokens": len(pieces), "total_tokens": 2 + len(pieces)}
+    chunks: list[dict] = []
+    for i, piece in enumerate(pieces):
+        finish = "length" if i == len(pieces) - 1 else None
+        if path == "/generate":
+            choice: dict[str, Any] = {"index": 0, "text": piece, "finish_reason": finish}
+            chunk = {"id": request_id, "model": model, "choices": [choice]}
+            if finish:
+                chunk["usage"] = usage
+        elif path == "/v1/completions":
+            choice = {"index": 0, "text": piece, "finish_reason": finish, "logprobs": None}
+            chunk = {"id": request_id, "object": "text_completion", "created": 1, "model": model}
+            chunk["choices"] = [choice]
+        else:
+            delta = {"role": "assistant", "content": piece} if i == 0 else {"content": piece}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            chunk = {"id": request_id, "object": "chat.completion.chunk", "created": 1}
+            chunk.update(model=model, choices=[choice])
+        chunks.append(chunk)
+    if path != "/generate" and (body.get("stream_options") or {}).get("include_usage"):
+        chunks.append({**chunks[-1], "choices": [], "usage": usage})
+    return chunks
+
+
+def _full_answer(path: str, settings: FakeServerSettings) -> dict[str, Any]:
+    request_id = f"fake-{next(_ids)}"
+    text, model = settings.text(), settings.model_id
+    num_pieces = len(settings.pieces())
+    usage = {"prompt_tokens": 2, "completion_tokens": num_pieces, "total_tokens": 2 + num_pieces}
+    if path == "/generate":
+        choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "length"}
+        return {"id": request_id, "model": model, "choices": [choice], "usage": usage}
+    if path == "/v1/completions":
+        choice = {"index": 0, "text": text, "finish_reason": "length", "logprobs": None}
+        obj = "text_completion"
+    else:
+        message = {"role": "assistant", "content": text}
+        choice = {"index": 0, "message": message, "finish_reason": "length", "logprobs": None}
+        obj = "chat.completion"
+    answer = {"id": request_id, "object": obj, "created": 1, "model": model}
+    answer.update(choices=[choice], usage=usage)
+    return answer
+
+
+async def _stream(chunks: list[dict], settings: FakeServerSettings) -> AsyncIterator[bytes]:
+    settings.num_streams_started += 1
+    is_completed = False
+    try:
+        for i, chunk in enumerate(chunks):
+            if settings.break_stream_after is not None and i >= settings.break_stream_after:
+                raise RuntimeError("fake server breaks the stream off (on purpose)")
+            if i == 1 and settings.stream_gate is not None:
+                while not settings.stream_gate.is_set():
+                    await asyncio.sleep(0.005)
+            elif i > 0:
+                await asyncio.sleep(settings.stream_delay_seconds)
+            yield encode_event(chunk)
+        yield encode_done()
+        is_completed = True
+    finally:
+        if is_completed:
+            settings.num_streams_completed += 1
+        else:
+            settings.num_streams_cancelled += 1
+
+
+def build_fake_app(settings: FakeServerSettings) -> FastAPI:
+    """A fake model server app driven by ``settings``."""
+    app = FastAPI()
+
+    @app.get("/health")
+    async def health() -> Response:
+        if settings.is_health_failing:
+            return _error(500, "health check failing (on purpose)")
+        report = HealthResponse(
+            status=settings.status,  # type: ignore[arg-type]
+            kind=settings.kind,
+            model=settings.model_id,
+            max_model_len=settings.max_model_len,
+            load=settings.load,
+        )
+        return JSONResponse(report.model_dump())
+
+    @app.get("/v1/models")
+    async def models() -> ModelList:
+        card = ModelCard(id=settings.model_id, max_model_len=settings.max_model_len)
+        return ModelList(data=[card])
+
+    async def answer(request: Request) -> Response:
+        path = request.url.path
+        body = json.loads(await request.body())
+        settings.requests.append((path, body))
+        authorization = request.headers.get("authorization", "")
+        settings.authorizations.append(authorization)
+        settings.request_ids.append(request.headers.get("x-request-id", ""))
+        if settings.fail_status is not None:
+            return _error(settings.fail_status, "failing (on purpose)")
+        key_status = settings.fail_status_by_key.get(authorization.removeprefix("Bearer "))
+        if key_status is not None:
+            # Real upstreams echo (part of) the key in some errors: the gateway must scrub it.
+            message = f"key {authorization.removeprefix('Bearer ')} failed (on purpose)"
+            return _error(key_status, message)
+        if body.get("model") not in (None, "", settings.model_id):
+            return _error(404, f"model {body.get('model')!r} is not served here")
+        if body.get("stream"):
+            chunks = _payloads(path, body, settings)
+            return StreamingResponse(
+                _stream(chunks, settings), media_type="text/event-stream", headers=SSE_HEADERS
+            )
+        gate = settings.answer_gate
+        while gate is not None and not gate.is_set():
+            # What a real server must do too: notice the caller left and stop working.
+            if await request.is_disconnected():
+                settings.num_answers_abandoned += 1
+                return Response(status_code=499)
+            await asyncio.sleep(0.005)
+        return JSONResponse(_full_answer(path, settings))
+
+    for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
+        app.add_api_route(path, answer, methods=["POST"])
+    return app
+
+
+def start_fake_server(
+    settings: FakeServerSettings, sock: socket.socket | None = None
+) -> ServerThread:
+    """A running fake model server."""
+    return ServerThread(build_fake_app(settings), sock).start()

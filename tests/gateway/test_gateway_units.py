@@ -1,0 +1,185 @@
+"""Gateway parts without HTTP: config validation, balancing policy, candidate lookup."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from client.backends.base import Backend, InFlightLease
+from client.balancing.policies import POLICIES, LeastOutstandingWork, make_policy
+from client.balancing.registry import BackendRegistry
+from client.config.schema import ClientConfig, OpenAIJumperConfig, is_placeholder_key
+from client.gateway_request import GatewayRequest
+from protocol.generation import GenerateRequest
+from protocol.health import LoadReport
+from tests.support.paths import REPO_ROOT
+from utils.config import ConfigError, load_config
+
+
+def _request(model: str | None) -> GatewayRequest:
+    return GatewayRequest(endpoint="/generate", parsed=GenerateRequest(model=model, prompt="hi"))
+
+
+INFO = _request("m")
+
+
+def _write(tmp_path: Path, data: dict) -> Path:
+    path = tmp_path / "client_config.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _backend(url: str, model: str = "m", kind: str = "static_batching", **load: int) -> Backend:
+    return Backend(url=url, kind=kind, model_ids=[model], is_healthy=True, load=LoadReport(**load))  # type: ignore[arg-type]
+
+
+# -- config ---------------------------------------------------------------------------------
+
+
+def test_shipped_config_loads() -> None:
+    config = load_config(REPO_ROOT / "configs" / "client_config.json", ClientConfig)
+    assert config.static_batching_server_urls == ["http://127.0.0.1:8002"]
+    assert config.continuous_batching_server_urls == ["http://127.0.0.1:8001"]
+    # The seed's template entry: a placeholder key, so disabled until a real key is put in.
+    assert len(config.openai_jumper_configs) == 1 and config.enabled_jumpers == []
+    assert config.heart_beat_interval_seconds == 10
+    assert config.api_keys == []  # callers need no key by default (bound to 127.0.0.1)
+
+
+def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
+    jumper = OpenAIJumperConfig.model_validate({"api_key": "YOUR_OPENAI_KEY", "org_id": None})
+    assert not jumper.is_enabled
+    real = OpenAIJumperConfig.model_validate({"api_key": "sk-live-abcdef123456"})
+    assert real.is_enabled
+    assert "sk-live" not in repr(real) and "sk-live" not in str(real)
+    config = ClientConfig(openai_jumper_configs=[jumper, real])
+    assert config.enabled_jumpers == [real]
+    assert "sk-live" not in config.model_dump_json()
+    for placeholder in ("", "  ", "<your key>", "${OPENAI_API_KEY}", "CHANGE_ME", "xxxx"):
+        assert is_placeholder_key(placeholder), placeholder
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ({"static_batching_server_urls": ["http://h:1/"]}, "static_batching_server_urls"),
+        ({"continuous_batching_server_urls": ["ftp://h:1"]}, "http:// or https://"),
+        ({"static_batching_server_urls": ["http://h:1", "http://h:1"]}, "more than once"),
+        ({"heart_beat_interval_seconds": 0}, "heart_beat_interval_seconds"),
+        ({"balancing_policy": "random"}, "balancing_policy"),
+        ({"heart_beat_interval": 5}, "heart_beat_interval: unknown key"),
+        ({"openai_jumper_configs": [{"org_id": None}]}, "openai_jumper_configs.0.api_key"),
+        ({"triton_server_urls": [{"url": "http://t:1"}]}, "triton_server_urls.0.models"),
+        (
+            {"triton_server_urls": [{"url": "http://t:1/", "models": {"m": "ensemble"}}]},
+            "must not end with '/'",
+        ),
+        (
+            {
+                "static_batching_server_urls": ["http://t:1"],
+                "triton_server_urls": [{"url": "http://t:1", "models": {"m": "ensemble"}}],
+            },
+            "Triton server too",
+        ),
+        (
+            {
+                "static_batching_server_urls": ["http://h:1"],
+                "continuous_batching_server_urls": ["http://h:1"],
+            },
+            "both",
+        ),
+    ],
+)
+def test_bad_config_names_file_and_key(tmp_path: Path, data: dict, expected: str) -> None:
+    path = _write(tmp_path, data)
+    with pytest.raises(ConfigError) as excinfo:
+        load_config(path, ClientConfig)
+    assert str(path) in str(excinfo.value)
+    assert expected in str(excinfo.value)
+
+
+def test_build_app_raises_config_error(tmp_path: Path) -> None:
+    from client_app import build_app
+
+    with pytest.raises(ConfigError, match="static_batching_server_urls"):
+        build_app(str(_write(tmp_path, {"static_batching_server_urls": "http://h:1"})))
+
+
+# -- balancing policy -----------------------------------------------------------------------
+
+
+def test_policy_registry() -> None:
+    assert isinstance(make_policy(ClientConfig()), LeastOutstandingWork)
+    assert set(POLICIES) == {"least_outstanding", "round_robin", "power_of_two", "affinity"}
+    for name, policy_class in POLICIES.items():
+        policy = make_policy(ClientConfig(balancing_policy=name))  # type: ignore[arg-type]
+        assert type(policy) is policy_class
+    config = ClientConfig.model_construct(balancing_policy="nope")
+    with pytest.raises(ValueError, match="unknown balancing policy"):
+        make_policy(config)
+
+
+def test_least_outstanding_uses_reported_load_and_in_flight() -> None:
+    policy = LeastOutstandingWork()
+    busy = _backend("http://a:1", num_waiting=2, num_running=1)
+    idle = _backend("http://b:1")
+    assert policy.choose([busy, idle], INFO) is idle
+    leases = [InFlightLease(idle) for _ in range(4)]  # idle now has 4 in flight vs 3 reported
+    assert policy.choose([busy, idle], INFO) is busy
+    for lease in leases:
+        lease.release()
+        lease.release()  # releasing twice counts once
+    assert idle.num_in_flight == 0
+
+
+def test_least_outstanding_spreads_over_equal_backends() -> None:
+    policy = LeastOutstandingWork()
+    backends = [_backend(f"http://s{i}:1") for i in range(3)]
+    num_chosen = Counter(policy.choose(backends, INFO).url for _ in range(30))
+    assert sorted(num_chosen.values()) == [10, 10, 10]
+
+
+def test_least_outstanding_with_in_flight_leases_spreads_concurrent_requests() -> None:
+    policy = LeastOutstandingWork()
+    backends = [_backend("http://a:1"), _backend("http://b:1")]
+    leases = [InFlightLease(policy.choose(backends, INFO)) for _ in range(6)]
+    assert [b.num_in_flight for b in backends] == [3, 3]
+    assert len(leases) == 6
+
+
+# -- candidates -----------------------------------------------------------------------------
+
+
+def test_candidates_by_model_health_and_kind() -> None:
+    sb = _backend("http://sb:1", model="m")
+    cb = _backend("http://cb:1", model="m", kind="continuous_batching")
+    other = _backend("http://other:1", model="other")
+    down = _backend("http://down:1", model="m", kind="continuous_batching")
+    down.is_healthy = False
+    registry = BackendRegistry([sb, cb, other, down])
+
+    info = _request
+
+    assert registry.candidates(info("m")) == [cb]  # CB preferred over SB
+    assert registry.candidates(info("m"), exclude=[cb]) == [sb]
+    assert registry.candidates(info("other")) == [other]
+    assert registry.candidates(info("unknown")) == []
+    assert registry.candidates(info(None)) == [cb]  # any model: best kind tier
+    cb.is_healthy = False
+    assert registry.candidates(info(None)) == [sb, other]
+    assert registry.model_ids() == ["m", "other"]
+    assert registry.model_ids(is_healthy_only=False) == ["m", "other"]
+
+
+def test_backend_status_snapshot_is_json_ready() -> None:
+    backend = _backend("http://a:1", num_waiting=1)
+    status = backend.status().model_dump()
+    assert status["url"] == "http://a:1"
+    assert status["load"]["num_waiting"] == 1
+    assert status["is_healthy"] is True
+    backend.mark_unreachable("ConnectError: refused")
+    assert backend.status().last_error == "ConnectError: refused"
+    assert not backend.is_healthy and backend.model_ids == ["m"]  # models are remembered

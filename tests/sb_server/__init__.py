@@ -1,0 +1,1 @@
+"""The static-batching server: config, packaging, end to end behind the gateway."""

@@ -1,0 +1,121 @@
+"""Real ASGI apps on 127.0.0.1 in background threads: any app, and the real gateway."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import socket
+import threading
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import uvicorn
+from fastapi import FastAPI
+
+T = TypeVar("T")
+
+_config_ids = itertools.count()
+
+
+def reserve_socket() -> socket.socket:
+    """A bound but not yet listening socket: its port refuses connections until served."""
+    # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose proto
+    # says TCP, and without it every keep-alive answer waits ~40 ms for a delayed ACK.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind(("127.0.0.1", 0))
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    """The http address of a socket bound on 127.0.0.1."""
+    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+
+
+class ServerThread:
+    """A real uvicorn server for ``app`` in a background thread (own event loop)."""
+
+    def __init__(self, app: FastAPI, sock: socket.socket | None = None) -> None:
+        self.app = app
+        self.sock = sock or reserve_socket()
+        self.url = url_of(self.sock)
+        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        self.server = uvicorn.Server(config)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._http: httpx.Client | None = None
+
+    @property
+    def http(self) -> httpx.Client:
+        """A keep-alive client for this server (closed by :func:`stop_all`)."""
+        if self._http is None:
+            self._http = httpx.Client(base_url=self.url, timeout=5)
+        return self._http
+
+    def _run(self) -> None:
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        await self.server.serve(sockets=[self.sock])
+
+    def start(self, timeout_seconds: float = 10.0) -> ServerThread:
+        """Start serving and wait until the server accepts connections."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_seconds
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server for {self.url} did not start")
+            time.sleep(0.005)
+        return self
+
+    def stop(self) -> None:
+        """Ask the server to exit and wait for its thread."""
+        stop_all(self)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout_seconds: float = 10.0) -> T:
+        """Run ``coro`` on the server's event loop and return its result."""
+        assert self.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_seconds)
+
+
+def stop_all(*servers: ServerThread | None) -> None:
+    """Stop servers in parallel (each takes a few tenths of a second to shut down)."""
+    running = [server for server in servers if server is not None]
+    for server in running:
+        server.server.should_exit = True
+    for server in running:
+        server._thread.join(timeout=10)
+        if server._http is not None:
+            server._http.close()
+            server._http = None
+
+
+def start_gateway(
+    tmp_path: Path,
+    static_batching_server_urls: list[str] | None = None,
+    continuous_batching_server_urls: list[str] | None = None,
+    **overrides: Any,
+) -> ServerThread:
+    """A running gateway (``client_app.build_app``) over the given servers.
+
+    The heartbeat defaults to 60 s so that tests decide when health is refreshed.
+    """
+    from client_app import build_app
+
+    config = {
+        "continuous_batching_server_urls": continuous_batching_server_urls or [],
+        "static_batching_server_urls": static_batching_server_urls or [],
+        "heart_beat_interval_seconds": 60,
+        "health_timeout_seconds": 1,
+        "connect_timeout_seconds": 1,
+        **overrides,
+    }
+    path = tmp_path / f"client_config_{next(_config_ids)}.json"
+    path.write_text(json.dumps(config))
+    return ServerThread(build_app(str(path))).start()

@@ -1,0 +1,1 @@
+"""The chat page: under Streamlit's AppTest and in a real browser."""
