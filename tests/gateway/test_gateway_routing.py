@@ -14,6 +14,7 @@ from protocol.health import LoadReport
 from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
 from tests.gateway.prometheus import metric_value
 from tests.support.servers import ServerThread, reserve_socket, start_gateway, stop_all, url_of
+from tests.support.waiting import wait_until
 
 GENERATE = {"prompt": "hi", "generation_config": {"max_new_tokens": 4}}
 
@@ -285,14 +286,16 @@ def test_heartbeat_finds_a_late_server_without_requests(tmp_path: Path) -> None:
     try:
         assert gateway.http.get("/health").json()["num_healthy_backends"] == 0
         server = start_fake_server(FakeServerSettings(model_id="m"), sock)
-        deadline = time.monotonic() + 3
-        while gateway.http.get("/health").json()["num_healthy_backends"] == 0:
-            assert time.monotonic() < deadline, "the heartbeat never found the server"
-            time.sleep(0.02)
+        num_healthy = lambda: gateway.http.get("/health").json()["num_healthy_backends"]  # noqa: E731
+        wait_until(
+            num_healthy, 3, until=lambda n: n >= 1, message="the heartbeat to find the server"
+        )
         server.stop()
-        deadline = time.monotonic() + 3
-        while gateway.http.get("/health").json()["num_healthy_backends"] == 1:
-            assert time.monotonic() < deadline, "the heartbeat never noticed the server left"
-            time.sleep(0.02)
+        wait_until(
+            num_healthy,
+            3,
+            until=lambda n: n == 0,
+            message="the heartbeat to notice the server left",
+        )
     finally:
         stop_all(gateway, server)

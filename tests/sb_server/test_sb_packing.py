@@ -21,6 +21,7 @@ from server.common.backend import SequenceRequest
 from server.static_batching.backend import StaticBatchingBackend
 from server.static_batching.config import SBServerConfig
 from server.static_batching.worker import LoadedModel
+from tests.support.waiting import async_wait_until
 from utils.errors import APIError
 
 pytestmark = pytest.mark.slow
@@ -282,8 +283,12 @@ async def test_full_queue_answers_503_with_retry_after(
 ) -> None:
     backend = await make_backend(interval=30, max_queue_size=1)
     waiting = asyncio.create_task(ask(backend, request(sb_model, "w", "Hi")))
-    while backend.load_report().num_waiting == 0:
-        await asyncio.sleep(0.01)
+    await async_wait_until(
+        lambda: backend.load_report().num_waiting,
+        10,
+        interval=0.01,
+        message="the request to be queued",
+    )
     with pytest.raises(APIError) as info:
         await ask(backend, request(sb_model, "x", "Hi"))
     assert info.value.status_code == 503 and "Retry-After" in info.value.headers
@@ -296,8 +301,12 @@ async def test_abort_of_a_waiting_request_removes_it(
 ) -> None:
     backend = await make_backend(interval=30)
     task = asyncio.create_task(ask(backend, request(sb_model, "gone", "Hi")))
-    while backend.load_report().num_waiting == 0:
-        await asyncio.sleep(0.01)
+    await async_wait_until(
+        lambda: backend.load_report().num_waiting,
+        10,
+        interval=0.01,
+        message="the request to be queued",
+    )
     task.cancel()  # the client went away: the stream is closed
     with pytest.raises(asyncio.CancelledError):
         await task
