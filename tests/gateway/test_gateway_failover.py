@@ -221,7 +221,9 @@ def test_route_header_is_validated(pair: Callable) -> None:
     assert response.status_code == 503 and "OpenAI jumper" in response.json()["error"]["message"]
 
 
-def test_config_reload_adds_and_removes_servers_without_dropping_requests(tmp_path: Path) -> None:
+def test_config_reload_adds_and_removes_servers_without_dropping_requests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from client_app import build_app
 
     settings = [FakeServerSettings(model_id="m", name=n, kind="continuous_batching") for n in "AB"]
@@ -258,7 +260,11 @@ def test_config_reload_adds_and_removes_servers_without_dropping_requests(tmp_pa
         assert results[0].status_code == 200 and "[A]" in results[0].text
         # A broken file is ignored: the running config stays.
         config_path.write_text("{not json")
-        time.sleep(0.4)
+        wait_until(
+            lambda: "config reload ignored" in caplog.text,
+            5,
+            message="the watcher to read the broken file and log that it ignores it",
+        )
         assert urls() == [servers[1].url]
         assert gateway.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     finally:
@@ -325,6 +331,8 @@ def test_sighup_reloads_the_config_of_a_standalone_gateway(tmp_path: Path) -> No
         config_path.write_text(
             json.dumps({**base, "static_batching_server_urls": [s.url for s in servers]})
         )
+        # A negative check, so a pause rather than a wait: with watching off there is no event
+        # to wait for, and a correct gateway passes however long the pause is.
         time.sleep(0.2)
         assert models() == ["x"]  # no watching: nothing changes by itself
         process.send_signal(signal.SIGHUP)

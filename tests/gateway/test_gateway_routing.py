@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -194,9 +193,15 @@ def test_server_started_after_the_gateway_is_found(tmp_path: Path) -> None:
         body = {**GENERATE, "model": "late-model"}
         assert gateway.http.post("/generate", json=body).status_code == 503
         server = start_fake_server(FakeServerSettings(model_id="late-model", name="L"), sock)
-        time.sleep(0.3)  # past the lazy refresh throttle
-        response = gateway.http.post("/generate", json=body)
-        assert response.status_code == 200, response.text
+        # No heartbeat comes: a request finds the server through the lazy refresh, once the
+        # refresh throttle (LAZY_REFRESH_MIN_INTERVAL_SECONDS) has passed since the last one.
+        response = wait_until(
+            lambda: gateway.http.post("/generate", json=body),
+            5,
+            interval=0.05,
+            until=lambda response: response.status_code == 200,
+            message="a request to find the late server",
+        )
         assert response.json()["choices"][0]["text"].startswith("[L]")
     finally:
         stop_all(gateway, server)
@@ -267,7 +272,13 @@ def test_least_outstanding_work_balancing(tmp_path: Path) -> None:
         for response, lines in streams:
             assert [line for line in lines if line][-1] == "data: [DONE]"
             response.close()
-        time.sleep(0.05)
+        # Their leases end once the gateway has seen the streams end.
+        wait_until(
+            lambda: [row["num_in_flight"] for row in http.get("/backends").json()["backends"]],
+            3,
+            until=lambda counts: counts == [0, 0],
+            message="the finished streams' leases to be released",
+        )
         names = [
             http.post("/generate", json=GENERATE).json()["choices"][0]["text"][:3] for _ in range(4)
         ]
