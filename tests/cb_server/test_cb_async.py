@@ -73,7 +73,9 @@ async def test_closing_the_stream_aborts_and_frees_blocks(backend: AsyncEngine) 
 
 async def test_refusals_surface_as_api_errors(backend: AsyncEngine) -> None:
     too_many_beams = GenerationConfig(max_new_tokens=4, num_beams=64, num_return_sequences=1)
-    with pytest.raises(APIError) as never_fits:
+    with pytest.raises(
+        APIError, match=r"needs up to \d+ KV-cache blocks but the cache has \d+"
+    ) as never_fits:
         await collect(backend, SequenceRequest("beams", PROMPT, too_many_beams))
     assert never_fits.value.status_code == 400
     # A full queue answers 503 with Retry-After, while the rest are served.

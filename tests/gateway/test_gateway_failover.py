@@ -205,7 +205,7 @@ def test_caller_api_keys(pair: Callable) -> None:
     assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="caller-key-1", max_retries=0)
     assert client.chat.completions.create(**CHAT).choices[0].message.content.startswith("[")
-    with pytest.raises(openai.AuthenticationError):
+    with pytest.raises(openai.AuthenticationError, match="API key is not valid"):
         client.with_options(api_key="wrong").chat.completions.create(**CHAT)
     client.close()
 

@@ -142,7 +142,7 @@ def test_caller_giving_up_on_a_non_streaming_answer_aborts_it(tmp_path: Path) ->
     server = start_fake_server(settings)
     gateway = start_gateway(tmp_path, [server.url])
     try:
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(httpx.ReadTimeout, match="timed out"):
             gateway.http.post("/generate", json={"model": "m", "prompt": "hi"}, timeout=0.3)
         _count_reaches(
             lambda: settings.num_answers_abandoned, 1, "the upstream answer's abandonment"
