@@ -13,6 +13,7 @@ from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 from tests.support.default_model import engine_config
+from tests.support.waiting import async_wait_until
 from utils.errors import APIError
 
 PROMPT = [1, 504, 3575, 282, 4649, 314]  # "<s>The capital of France is"-like ids
@@ -61,17 +62,20 @@ async def test_closing_the_stream_aborts_and_frees_blocks(backend: AsyncEngine) 
     await anext(stream)  # first token arrived: the request holds blocks now
     assert backend.load_report().num_running == 1
     await stream.aclose()
-    for _ in range(200):  # the engine thread applies the abort within a step
-        report = backend.load_report()
-        if report.num_running == 0 and report.num_kv_blocks_free == 64:
-            break
-        await asyncio.sleep(0.01)
-    assert report.num_running == 0 and report.num_kv_blocks_free == 64
+    await async_wait_until(  # the engine thread applies the abort within a step
+        backend.load_report,
+        2,
+        interval=0.01,
+        until=lambda report: report.num_running == 0 and report.num_kv_blocks_free == 64,
+        message="the abort to free the request's blocks",
+    )
 
 
 async def test_refusals_surface_as_api_errors(backend: AsyncEngine) -> None:
     too_many_beams = GenerationConfig(max_new_tokens=4, num_beams=64, num_return_sequences=1)
-    with pytest.raises(APIError) as never_fits:
+    with pytest.raises(
+        APIError, match=r"needs up to \d+ KV-cache blocks but the cache has \d+"
+    ) as never_fits:
         await collect(backend, SequenceRequest("beams", PROMPT, too_many_beams))
     assert never_fits.value.status_code == 400
     # A full queue answers 503 with Retry-After, while the rest are served.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
 from tests.support.servers import ServerThread, start_gateway
+from tests.support.waiting import wait_until
 
 NUM_BLOCKS = 256
 
@@ -103,13 +103,13 @@ def test_disconnect_mid_stream_frees_blocks(gateway: ServerThread, cb_server: Se
             if line.startswith("data: "):
                 assert _health(cb_server)["load"]["num_running"] == 1
                 break
-    deadline = time.monotonic() + 20
-    while time.monotonic() < deadline:
-        load = _health(cb_server)["load"]
-        if load["num_running"] == 0 and load["num_kv_blocks_free"] == NUM_BLOCKS:
-            break
-        time.sleep(0.05)
-    assert load["num_running"] == 0 and load["num_kv_blocks_free"] == NUM_BLOCKS
+    wait_until(
+        lambda: _health(cb_server)["load"],
+        20,
+        interval=0.05,
+        until=lambda load: load["num_running"] == 0 and load["num_kv_blocks_free"] == NUM_BLOCKS,
+        message="the aborted request to leave and free its blocks",
+    )
 
 
 async def test_fifty_concurrent_mixed_requests(cb_server: ServerThread) -> None:

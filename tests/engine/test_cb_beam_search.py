@@ -252,7 +252,7 @@ def test_state_contract_without_a_model() -> None:
     """Row counts per step, the min_new_tokens ban, and refusal once done."""
     state = BeamSearchState(2, 1, 1.0, False, [EOS], 5, max_new_tokens=2, min_new_tokens=1)
     assert state.num_running == 1 and state.banned_token_ids() == [EOS]
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=r"expected \[1, V\] log-probs"):
         state.step(torch.zeros(2, 10))
     log_probs = torch.log_softmax(torch.arange(10, dtype=torch.float32), dim=-1)
     assert state.step(log_probs[None]) == [(0, 9), (0, 8)]
@@ -261,7 +261,7 @@ def test_state_contract_without_a_model() -> None:
     state.step(log_probs.expand(2, -1))
     assert state.is_done  # max_new_tokens reached
     assert state.finished() == [([9, 9], pytest.approx(float(log_probs[9]) * 2 / 2))]
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="beam search is already done"):
         state.step(log_probs.expand(2, -1))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="num_return_sequences <= num_beams"):
         BeamSearchState(2, 3, 1.0, False, [EOS], 5, 4)

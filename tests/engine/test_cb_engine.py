@@ -227,6 +227,6 @@ def test_stops_abort_and_refusals(make_engine, prompts) -> None:
     closing = engine.abort("long")
     assert closing is not None and closing.deltas[0].finish_reason == "abort"
     assert_no_leak(engine)
-    with pytest.raises(EngineError) as refused:
+    with pytest.raises(EngineError, match="exceeds the context of 8192 tokens") as refused:
         engine.add_request("huge", prompts[0], GenerationConfig(max_new_tokens=9000))
     assert refused.value.status_code == 400 and "8192" in refused.value.message

@@ -21,17 +21,10 @@ from tests.gateway.fake_model_server import FakeServerSettings, start_fake_serve
 from tests.gateway.prometheus import metric_value
 from tests.support.paths import REPO_ROOT
 from tests.support.servers import ServerThread, reserve_socket, start_gateway, stop_all
+from tests.support.waiting import wait_until
 
 CHAT_PATH = "/v1/chat/completions"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
-
-
-def _wait_for(condition: Callable[[], bool], timeout_seconds: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}")
-        time.sleep(0.02)
 
 
 def _sse_payloads(text: str) -> list[Any]:
@@ -147,7 +140,7 @@ def test_dead_server_costs_nothing_before_the_first_byte(pair: Callable) -> None
 
     thread = threading.Thread(target=call)
     thread.start()
-    _wait_for(lambda: len(a.requests) == 1, 5, "the request to reach A")
+    wait_until(lambda: len(a.requests), 5, until=lambda n: n == 1, message="the request to reach A")
     # A goes away with the request in flight (its connection is dropped). The caller has had
     # no byte yet, so the gateway retries on B and the caller never notices.
     a.server.stop()  # type: ignore[attr-defined]
@@ -167,7 +160,12 @@ def test_heartbeat_marks_down_after_two_failures_and_up_again(pair: Callable) ->
     failed_at = time.monotonic()
     # Two failed heartbeats are needed; they come within two intervals (plus slack for a busy
     # machine: this bounds a hang, it is not a speed measurement).
-    _wait_for(lambda: not rows()[0]["is_healthy"], 2 * interval + 2, "A to be marked down")
+    wait_until(
+        lambda: rows()[0],
+        2 * interval + 2,
+        until=lambda row: not row["is_healthy"],
+        message="A to be marked down",
+    )
     assert time.monotonic() - failed_at >= interval * 0.9  # one failure was not enough
     assert rows()[0]["num_consecutive_failures"] >= 2
     num_a = len(a.requests)
@@ -175,7 +173,12 @@ def test_heartbeat_marks_down_after_two_failures_and_up_again(pair: Callable) ->
         assert gateway.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     assert len(a.requests) == num_a  # no traffic while down
     a.is_health_failing = False
-    _wait_for(lambda: rows()[0]["is_healthy"], 2 * interval + 2, "A to be marked up")
+    wait_until(
+        lambda: rows()[0],
+        2 * interval + 2,
+        until=lambda row: row["is_healthy"],
+        message="A to be marked up",
+    )
     for _ in range(4):
         assert gateway.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     assert len(a.requests) == num_a + 2  # back in rotation
@@ -202,7 +205,7 @@ def test_caller_api_keys(pair: Callable) -> None:
     assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="caller-key-1", max_retries=0)
     assert client.chat.completions.create(**CHAT).choices[0].message.content.startswith("[")
-    with pytest.raises(openai.AuthenticationError):
+    with pytest.raises(openai.AuthenticationError, match="API key is not valid"):
         client.with_options(api_key="wrong").chat.completions.create(**CHAT)
     client.close()
 
@@ -218,7 +221,9 @@ def test_route_header_is_validated(pair: Callable) -> None:
     assert response.status_code == 503 and "OpenAI jumper" in response.json()["error"]["message"]
 
 
-def test_config_reload_adds_and_removes_servers_without_dropping_requests(tmp_path: Path) -> None:
+def test_config_reload_adds_and_removes_servers_without_dropping_requests(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     from client_app import build_app
 
     settings = [FakeServerSettings(model_id="m", name=n, kind="continuous_batching") for n in "AB"]
@@ -239,12 +244,14 @@ def test_config_reload_adds_and_removes_servers_without_dropping_requests(tmp_pa
             target=lambda: results.append(httpx.post(url, json=CHAT, timeout=20))
         )
         thread.start()
-        _wait_for(lambda: len(a.requests) == 1, 5, "the request to reach A")
+        wait_until(
+            lambda: len(a.requests), 5, until=lambda n: n == 1, message="the request to reach A"
+        )
         config_path.write_text(
             json.dumps({**base, "continuous_batching_server_urls": [servers[1].url]})
         )
         urls = lambda: [row["url"] for row in gateway.http.get("/backends").json()["backends"]]  # noqa: E731
-        _wait_for(lambda: urls() == [servers[1].url], 5, "the reload")
+        wait_until(urls, 5, until=lambda now: now == [servers[1].url], message="the reload")
         for _ in range(3):
             response = gateway.http.post("/v1/chat/completions", json=CHAT)
             assert response.status_code == 200 and "[B]" in response.text
@@ -253,7 +260,11 @@ def test_config_reload_adds_and_removes_servers_without_dropping_requests(tmp_pa
         assert results[0].status_code == 200 and "[A]" in results[0].text
         # A broken file is ignored: the running config stays.
         config_path.write_text("{not json")
-        time.sleep(0.4)
+        wait_until(
+            lambda: "config reload ignored" in caplog.text,
+            5,
+            message="the watcher to read the broken file and log that it ignores it",
+        )
         assert urls() == [servers[1].url]
         assert gateway.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     finally:
@@ -280,7 +291,7 @@ def test_hung_server_requests_are_abandoned_and_retried_when_it_is_marked_down(
     thread = threading.Thread(target=call)
     started = time.monotonic()
     thread.start()
-    _wait_for(lambda: len(a.requests) == 1, 5, "the request to reach A")
+    wait_until(lambda: len(a.requests), 5, until=lambda n: n == 1, message="the request to reach A")
     a.is_health_failing = True  # ... and its heartbeats fail
     thread.join(30)
     assert results and results[0].status_code == 200 and "[B]" in results[0].text
@@ -316,14 +327,16 @@ def test_sighup_reloads_the_config_of_a_standalone_gateway(tmp_path: Path) -> No
             return []
 
     try:
-        _wait_for(lambda: models() == ["x"], 30, "the gateway to start")
+        wait_until(models, 30, until=lambda now: now == ["x"], message="the gateway to start")
         config_path.write_text(
             json.dumps({**base, "static_batching_server_urls": [s.url for s in servers]})
         )
+        # A negative check, so a pause rather than a wait: with watching off there is no event
+        # to wait for, and a correct gateway passes however long the pause is.
         time.sleep(0.2)
         assert models() == ["x"]  # no watching: nothing changes by itself
         process.send_signal(signal.SIGHUP)
-        _wait_for(lambda: models() == ["x", "y"], 10, "the reload")
+        wait_until(models, 10, until=lambda now: now == ["x", "y"], message="the reload")
         assert process.poll() is None  # reloaded, not restarted or stopped
     finally:
         process.terminate()

@@ -63,9 +63,9 @@ def test_models_list(sdk: tuple[openai.OpenAI, list[str]]) -> None:
 
 def test_errors_reach_the_sdk_as_typed_exceptions(sdk: tuple[openai.OpenAI, list[str]]) -> None:
     client, _ = sdk
-    with pytest.raises(openai.NotFoundError) as not_found:
+    with pytest.raises(openai.NotFoundError, match="gpt-unknown") as not_found:
         client.chat.completions.create(model="gpt-unknown", messages=MESSAGES)
     assert "gpt-unknown" in not_found.value.message
-    with pytest.raises(openai.BadRequestError) as bad:
+    with pytest.raises(openai.BadRequestError, match="max_tokens") as bad:
         client.chat.completions.create(model="model-a", messages=MESSAGES, max_tokens=0)
     assert "max_tokens" in bad.value.message

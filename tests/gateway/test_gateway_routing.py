@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from protocol.health import LoadReport
 from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
 from tests.gateway.prometheus import metric_value
 from tests.support.servers import ServerThread, reserve_socket, start_gateway, stop_all, url_of
+from tests.support.waiting import wait_until
 
 GENERATE = {"prompt": "hi", "generation_config": {"max_new_tokens": 4}}
 
@@ -222,9 +222,15 @@ def test_server_started_after_the_gateway_is_found(tmp_path: Path) -> None:
         body = {**GENERATE, "model": "late-model"}
         assert gateway.http.post("/generate", json=body).status_code == 503
         server = start_fake_server(FakeServerSettings(model_id="late-model", name="L"), sock)
-        time.sleep(0.3)  # past the lazy refresh throttle
-        response = gateway.http.post("/generate", json=body)
-        assert response.status_code == 200, response.text
+        # No heartbeat comes: a request finds the server through the lazy refresh, once the
+        # refresh throttle (LAZY_REFRESH_MIN_INTERVAL_SECONDS) has passed since the last one.
+        response = wait_until(
+            lambda: gateway.http.post("/generate", json=body),
+            5,
+            interval=0.05,
+            until=lambda response: response.status_code == 200,
+            message="a request to find the late server",
+        )
         assert response.json()["choices"][0]["text"].startswith("[L]")
     finally:
         stop_all(gateway, server)
@@ -295,7 +301,13 @@ def test_least_outstanding_work_balancing(tmp_path: Path) -> None:
         for response, lines in streams:
             assert [line for line in lines if line][-1] == "data: [DONE]"
             response.close()
-        time.sleep(0.05)
+        # Their leases end once the gateway has seen the streams end.
+        wait_until(
+            lambda: [row["num_in_flight"] for row in http.get("/backends").json()["backends"]],
+            3,
+            until=lambda counts: counts == [0, 0],
+            message="the finished streams' leases to be released",
+        )
         names = [
             http.post("/generate", json=GENERATE).json()["choices"][0]["text"][:3] for _ in range(4)
         ]
@@ -314,14 +326,16 @@ def test_heartbeat_finds_a_late_server_without_requests(tmp_path: Path) -> None:
     try:
         assert gateway.http.get("/health").json()["num_healthy_backends"] == 0
         server = start_fake_server(FakeServerSettings(model_id="m"), sock)
-        deadline = time.monotonic() + 3
-        while gateway.http.get("/health").json()["num_healthy_backends"] == 0:
-            assert time.monotonic() < deadline, "the heartbeat never found the server"
-            time.sleep(0.02)
+        num_healthy = lambda: gateway.http.get("/health").json()["num_healthy_backends"]  # noqa: E731
+        wait_until(
+            num_healthy, 3, until=lambda n: n >= 1, message="the heartbeat to find the server"
+        )
         server.stop()
-        deadline = time.monotonic() + 3
-        while gateway.http.get("/health").json()["num_healthy_backends"] == 1:
-            assert time.monotonic() < deadline, "the heartbeat never noticed the server left"
-            time.sleep(0.02)
+        wait_until(
+            num_healthy,
+            3,
+            until=lambda n: n == 0,
+            message="the heartbeat to notice the server left",
+        )
     finally:
         stop_all(gateway, server)

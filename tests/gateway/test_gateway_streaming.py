@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 
 from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
 from tests.support.servers import ServerThread, start_gateway, stop_all
+from tests.support.waiting import wait_until
 
 STREAM = {"model": "m", "prompt": "hi", "stream": True}
 
@@ -32,11 +32,13 @@ def gateway_and_fake(tmp_path: Path) -> Iterator[tuple[ServerThread, FakeServerS
     stop_all(gateway, server)
 
 
-def _wait_for(condition: Callable[[], bool], timeout_seconds: float = 3.0) -> None:
-    deadline = time.monotonic() + timeout_seconds
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.01)
+def _count_reaches(count: Callable[[], int], expected: int, what: str) -> None:
+    wait_until(count, 3, interval=0.01, until=lambda n: n == expected, message=what)
+
+
+def _wait_idle(gateway: ServerThread) -> None:
+    """Wait until the gateway holds no request (leases are released after the answer ends)."""
+    _count_reaches(lambda: _in_flight(gateway), 0, "no request in flight at the gateway")
 
 
 def _data(lines: Iterator[str]) -> Iterator[str]:
@@ -76,7 +78,7 @@ def test_stream_passes_through_chunk_by_chunk(
     else:
         text = "".join(chunk["choices"][0]["text"] for chunk in chunks)
     assert text == settings.text()
-    _wait_for(lambda: _in_flight(gateway) == 0)
+    _wait_idle(gateway)
     assert settings.num_streams_completed == 1
 
 
@@ -89,9 +91,9 @@ def test_caller_disconnect_aborts_the_upstream_stream(
         assert json.loads(next(events))["choices"][0]["text"] == "[S]"
         assert _in_flight(gateway) == 1
     # Closing the caller's connection must close the upstream one: the server sees it go.
-    _wait_for(lambda: settings.num_streams_cancelled == 1)
+    _count_reaches(lambda: settings.num_streams_cancelled, 1, "the upstream stream's cancellation")
     assert settings.num_streams_completed == 0
-    _wait_for(lambda: _in_flight(gateway) == 0)
+    _wait_idle(gateway)
     metrics = gateway.http.get("/metrics").text
     assert 'endpoint="/generate",outcome="cancelled"} 1.0' in metrics
 
@@ -107,7 +109,7 @@ def test_upstream_breaking_off_ends_the_stream_with_an_error_event(tmp_path: Pat
         assert len(events) == 3  # two chunks, then the error in the one error shape
         error = json.loads(events[-1])["error"]
         assert error["code"] == 502 and error["type"] == "upstream_error"
-        _wait_for(lambda: _in_flight(gateway) == 0)
+        _wait_idle(gateway)
     finally:
         stop_all(gateway, server)
 
@@ -130,7 +132,7 @@ def test_many_concurrent_streams_are_counted_and_released(tmp_path: Path) -> Non
             thread.join(timeout=10)
         assert results == ["[DONE]"] * 8
         assert settings.num_streams_completed == 8
-        _wait_for(lambda: _in_flight(gateway) == 0)
+        _wait_idle(gateway)
     finally:
         stop_all(gateway, server)
 
@@ -140,10 +142,12 @@ def test_caller_giving_up_on_a_non_streaming_answer_aborts_it(tmp_path: Path) ->
     server = start_fake_server(settings)
     gateway = start_gateway(tmp_path, [server.url])
     try:
-        with pytest.raises(httpx.ReadTimeout):
+        with pytest.raises(httpx.ReadTimeout, match="timed out"):
             gateway.http.post("/generate", json={"model": "m", "prompt": "hi"}, timeout=0.3)
-        _wait_for(lambda: settings.num_answers_abandoned == 1)
-        _wait_for(lambda: _in_flight(gateway) == 0)
+        _count_reaches(
+            lambda: settings.num_answers_abandoned, 1, "the upstream answer's abandonment"
+        )
+        _wait_idle(gateway)
         metrics = gateway.http.get("/metrics").text
         assert 'endpoint="/generate",outcome="cancelled"} 1.0' in metrics
         assert settings.answer_gate is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections import Counter
 from pathlib import Path
 
@@ -95,7 +96,7 @@ def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
 )
 def test_bad_config_names_file_and_key(tmp_path: Path, data: dict, expected: str) -> None:
     path = _write(tmp_path, data)
-    with pytest.raises(ConfigError) as excinfo:
+    with pytest.raises(ConfigError, match=re.escape(str(path))) as excinfo:
         load_config(path, ClientConfig)
     assert str(path) in str(excinfo.value)
     assert expected in str(excinfo.value)

@@ -15,10 +15,10 @@ def _error_text(exc: ValidationError) -> str:
 
 
 def test_exactly_one_of_prompt_or_messages() -> None:
-    with pytest.raises(ValidationError) as neither:
+    with pytest.raises(ValidationError, match="exactly one of 'prompt' or 'messages'") as neither:
         GenerateRequest()
     assert "exactly one of 'prompt' or 'messages'" in _error_text(neither.value)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match="exactly one of 'prompt' or 'messages'"):
         GenerateRequest(prompt="hi", messages=[{"role": "user", "content": "hi"}])
     assert GenerateRequest(prompt="hi").prompt == "hi"
     assert GenerateRequest(messages=[{"role": "user", "content": "hi"}]).messages
@@ -37,7 +37,7 @@ def test_exactly_one_of_prompt_or_messages() -> None:
     ],
 )
 def test_ranges_name_the_field(config: dict, field: str) -> None:
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationError, match=rf"generation_config\.{field}\b") as info:
         GenerateRequest(prompt="x", generation_config=config)
     message, param = describe_validation_error(info.value)
     assert param == f"generation_config.{field}"
@@ -45,23 +45,25 @@ def test_ranges_name_the_field(config: dict, field: str) -> None:
 
 
 def test_min_must_not_exceed_max() -> None:
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationError, match=r"min_new_tokens \(10\) must be <=") as info:
         GenerationConfig(min_new_tokens=10, max_new_tokens=5)
     assert "min_new_tokens (10) must be <= max_new_tokens (5)" in _error_text(info.value)
 
 
 def test_return_sequences_bounded_by_beams() -> None:
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationError, match=r"num_return_sequences \(3\) must be <=") as info:
         GenerationConfig(num_beams=2, num_return_sequences=3)
     assert "num_return_sequences (3) must be <= num_beams (2)" in _error_text(info.value)
     assert GenerationConfig(num_beams=4, num_return_sequences=3).num_workload_beams == 4
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match="would return identical copies"):
         GenerationConfig(num_return_sequences=2)  # greedy copies would be identical
     assert GenerationConfig(do_sample=True, num_return_sequences=2).num_workload_beams == 2
 
 
 def test_unknown_generation_key_is_refused() -> None:
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(
+        ValidationError, match=r"max_tokens\n\s+Extra inputs are not permitted"
+    ) as info:
         GenerationConfig.model_validate({"max_tokens": 5})
     assert "max_tokens" in _error_text(info.value)
 
@@ -109,10 +111,10 @@ def test_openai_beam_search_and_unsupported_fields() -> None:
     body = CompletionRequest(prompt="x", n=2, best_of=3, use_beam_search=True, temperature=0)
     config = body.to_generation_config()
     assert config.num_beams == 3 and config.num_return_sequences == 2
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationError, match="'presence_penalty' is not supported") as info:
         CompletionRequest(prompt="x", presence_penalty=0.5)
     assert "presence_penalty" in _error_text(info.value)
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=r"'tools' \(function calling\) is not supported"):
         ChatCompletionRequest(
             messages=[{"role": "user", "content": "x"}],
             tools=[{"type": "function", "function": {"name": "f"}}],

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 
 import httpx
 import openai
@@ -12,6 +11,7 @@ import pytest
 
 from tests.support.default_model import MODEL_ID
 from tests.support.servers import ServerThread
+from tests.support.waiting import wait_until
 
 QUESTION = "What is the capital of France?"
 
@@ -171,11 +171,10 @@ def test_disconnect_mid_stream_frees_the_server(
         for line in response.iter_lines():
             if line.startswith("data: "):
                 break  # got the first token; hang up
-    deadline = time.monotonic() + 30
-    load = {}
-    while time.monotonic() < deadline:
-        load = httpx.get(f"{sb_server.url}/health", timeout=10).json()["load"]
-        if load["num_running"] == 0 and load["num_waiting"] == 0:
-            break
-        time.sleep(0.1)
-    assert load["num_running"] == 0 and load["num_waiting"] == 0
+    wait_until(
+        lambda: httpx.get(f"{sb_server.url}/health", timeout=10).json()["load"],
+        30,
+        interval=0.1,
+        until=lambda load: load["num_running"] == 0 and load["num_waiting"] == 0,
+        message="the server to drop the request whose caller hung up",
+    )

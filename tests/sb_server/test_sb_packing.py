@@ -21,6 +21,7 @@ from server.common.backend import SequenceRequest
 from server.static_batching.backend import StaticBatchingBackend
 from server.static_batching.config import SBServerConfig
 from server.static_batching.worker import LoadedModel
+from tests.support.waiting import async_wait_until
 from utils.errors import APIError
 
 pytestmark = pytest.mark.slow
@@ -270,7 +271,7 @@ async def test_oversized_request_is_refused_with_400(
 ) -> None:
     backend = await make_backend(max_workload=4)
     too_big = request(sb_model, "big", "Hi", num_beams=5)
-    with pytest.raises(APIError) as info:
+    with pytest.raises(APIError, match="package_max_workload is 4") as info:
         await ask(backend, too_big)
     assert info.value.status_code == 400
     assert "5 beams" in info.value.message and "package_max_workload is 4" in info.value.message
@@ -282,9 +283,13 @@ async def test_full_queue_answers_503_with_retry_after(
 ) -> None:
     backend = await make_backend(interval=30, max_queue_size=1)
     waiting = asyncio.create_task(ask(backend, request(sb_model, "w", "Hi")))
-    while backend.load_report().num_waiting == 0:
-        await asyncio.sleep(0.01)
-    with pytest.raises(APIError) as info:
+    await async_wait_until(
+        lambda: backend.load_report().num_waiting,
+        10,
+        interval=0.01,
+        message="the request to be queued",
+    )
+    with pytest.raises(APIError, match=r"the queue is full \(1 requests waiting\)") as info:
         await ask(backend, request(sb_model, "x", "Hi"))
     assert info.value.status_code == 503 and "Retry-After" in info.value.headers
     await backend.shutdown()  # the waiting request ends with "abort"
@@ -296,10 +301,14 @@ async def test_abort_of_a_waiting_request_removes_it(
 ) -> None:
     backend = await make_backend(interval=30)
     task = asyncio.create_task(ask(backend, request(sb_model, "gone", "Hi")))
-    while backend.load_report().num_waiting == 0:
-        await asyncio.sleep(0.01)
-    task.cancel()  # the client went away: the stream is closed
-    with pytest.raises(asyncio.CancelledError):
+    await async_wait_until(
+        lambda: backend.load_report().num_waiting,
+        10,
+        interval=0.01,
+        message="the request to be queued",
+    )
+    task.cancel("the client went away")  # the stream is closed
+    with pytest.raises(asyncio.CancelledError, match="the client went away"):
         await task
     assert backend.load_report().num_waiting == 0
     assert backend.package_records == []
@@ -342,7 +351,7 @@ async def test_error_in_generate_fails_only_that_package(
 
     sb_model.model.generate = broken_generate  # an instance attribute shadows the method
     try:
-        with pytest.raises(APIError) as info:
+        with pytest.raises(APIError, match="RuntimeError: boom") as info:
             await ask(backend, request(sb_model, "bad", "Hi"))
     finally:
         del sb_model.model.generate

@@ -7,7 +7,6 @@ import itertools
 import json
 import socket
 import threading
-import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
@@ -15,6 +14,8 @@ from typing import Any, TypeVar
 import httpx
 import uvicorn
 from fastapi import FastAPI
+
+from tests.support.waiting import wait_until
 
 T = TypeVar("T")
 
@@ -67,11 +68,15 @@ class ServerThread:
     def start(self, timeout_seconds: float = 10.0) -> ServerThread:
         """Start serving and wait until the server accepts connections."""
         self._thread.start()
-        deadline = time.monotonic() + timeout_seconds
-        while not self.server.started:
-            if not self._thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError(f"server for {self.url} did not start")
-            time.sleep(0.005)
+
+        def started() -> bool:
+            if not self.server.started and not self._thread.is_alive():
+                raise RuntimeError(f"server for {self.url} exited before it started")
+            return self.server.started
+
+        wait_until(
+            started, timeout_seconds, interval=0.005, message=f"the server for {self.url} to start"
+        )
         return self
 
     def stop(self) -> None:

@@ -23,7 +23,7 @@ from utils.errors import describe_validation_error
 
 
 def _refusal(body: dict) -> tuple[str, str]:
-    with pytest.raises(ValidationError) as info:
+    with pytest.raises(ValidationError, match="validation error for TritonGenerateRequest") as info:
         TritonGenerateRequest.model_validate(body)
     return describe_validation_error(info.value)
 

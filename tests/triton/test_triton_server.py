@@ -23,6 +23,7 @@ import pytest
 
 from protocol.generation import GenerateRequest
 from protocol.triton import TritonErrorResponse, TritonGenerateRequest, TritonGenerateResponse
+from tests.support.waiting import wait_until
 from tests.triton.stand_in.pytriton_server import WORKER_SCRIPT
 from tests.triton.triton_server import TritonServer
 
@@ -89,9 +90,13 @@ def test_a_request_arriving_mid_stream_waits_its_turn(
 
     with ThreadPoolExecutor(2) as pool:
         streamed = pool.submit(stream)
-        deadline = time.monotonic() + 60
-        while not first_event and time.monotonic() < deadline:
-            time.sleep(0.01)
+        # Until the stream is under way (or over: its result() then says why).
+        wait_until(
+            lambda: first_event or streamed.done(),
+            60,
+            interval=0.01,
+            message="the stream's first event",
+        )
         answered = pool.submit(generate)
         assert "Paris" in streamed.result(timeout=90)
         assert "Paris" in answered.result(timeout=90)

@@ -18,13 +18,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from tests.support.paths import REPO_ROOT
+from tests.support.waiting import wait_until
 from tests.triton.stand_in.pytriton_server import WORKER_PYTHON_ENV
 from tests.triton.stand_in.setup_venv import TritonVenvError, ensure_venv, find_python312
 
@@ -74,22 +74,22 @@ class TritonServer:
 
     def wait_ready(self, timeout_seconds: float) -> None:
         """Wait until the model answers ready; raise with the log tail if it never does."""
-        deadline = time.monotonic() + timeout_seconds
         with httpx.Client(timeout=2) as client:
-            while time.monotonic() < deadline:
+
+            def model_ready() -> bool:
                 if self.process.poll() is not None:
                     raise RuntimeError(
                         f"Triton server exited with {self.process.returncode}:\n{self.log_tail()}"
                     )
-                try:
-                    if client.get(self.model_url("ready")).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass  # not listening yet
-                time.sleep(0.5)
-        raise RuntimeError(
-            f"Triton server not ready after {timeout_seconds:.0f} s:\n{self.log_tail()}"
-        )
+                return client.get(self.model_url("ready")).status_code == 200
+
+            wait_until(
+                model_ready,
+                timeout_seconds,
+                interval=0.5,
+                ignoring=(httpx.TransportError,),  # not listening yet
+                message=lambda: f"the Triton model to be ready; log tail:\n{self.log_tail()}",
+            )
 
     def worker_pid(self) -> int | None:
         """The process id of the server's model worker (its child), or None when it has none."""

@@ -125,12 +125,15 @@ def test_client_against_real_gateway(sb_gateway: ServerThread, dead_url: str) ->
         assert stream.stats.usage.completion_tokens == 8
         assert stream.stats.finish_reason == "stop"
 
-        with pytest.raises(GatewayError) as refused:
+        with pytest.raises(GatewayError, match=r"The gateway refused .*\(HTTP 404\)") as refused:
             list(client.chat("no-such-model", [{"role": "user", "content": "hi"}], Decoding()))
         assert refused.value.status_code == 404
         assert "refused" in refused.value.message and MODEL_ID in refused.value.message
 
-    with ChatClient(dead_url) as client, pytest.raises(GatewayError) as down:
+    with (
+        ChatClient(dead_url) as client,
+        pytest.raises(GatewayError, match="Cannot reach the gateway at") as down,
+    ):
         client.list_models()
     assert down.value.status_code is None
     assert f"Cannot reach the gateway at {dead_url}" in down.value.message

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
 from tests.support.paths import REPO_ROOT  # noqa: E402
 from tests.support.servers import ServerThread, reserve_socket  # noqa: E402
+from tests.support.waiting import wait_until  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -65,19 +65,20 @@ def chat_ui(sb_gateway: ServerThread, tmp_path_factory: pytest.TempPathFactory) 
         process = subprocess.Popen(
             command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
         )
+
+    def healthy() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"streamlit exited with {process.returncode}: {log_file.read_text()}")
+        return httpx.get(f"{url}/_stcore/health", timeout=2, trust_env=False).text == "ok"
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"streamlit exited with {process.returncode}: {log_file.read_text()}")
-            try:
-                if httpx.get(f"{url}/_stcore/health", timeout=2, trust_env=False).text == "ok":
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"streamlit did not become healthy: {log_file.read_text()}")
-            time.sleep(0.2)
+        wait_until(
+            healthy,
+            60,
+            interval=0.2,
+            ignoring=(httpx.HTTPError,),
+            message=lambda: f"streamlit to become healthy; its log:\n{log_file.read_text()}",
+        )
         yield url
     finally:
         process.terminate()
