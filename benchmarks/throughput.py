@@ -44,8 +44,8 @@ from benchmarks import (  # noqa: E402
 from benchmarks.workloads import WORKLOADS, Request, build_workload, render_chat  # noqa: E402
 from protocol.generation import GenerationConfig  # noqa: E402
 from server.continuous_batching import model_runner  # noqa: E402
-from server.continuous_batching.config import EngineConfig  # noqa: E402
 from server.continuous_batching.engine import LLMEngine  # noqa: E402
+from server.continuous_batching.engine_config import EngineConfig  # noqa: E402
 from server.continuous_batching.scheduler import SchedulerOutput  # noqa: E402
 from utils.prepare_model import ensure_default_model  # noqa: E402
 

@@ -17,7 +17,7 @@ from triton_server import TritonServer, start_triton_server  # noqa: E402
 
 from server.common.app import create_server_app  # noqa: E402
 from server.common.service import ServingSettings  # noqa: E402
-from server.continuous_batching.config import EngineConfig  # noqa: E402
+from server.continuous_batching.engine_config import EngineConfig  # noqa: E402
 from server.continuous_batching.model_runner import ModelRunner  # noqa: E402
 from server.static_batching.backend import StaticBatchingBackend, load_model  # noqa: E402
 from server.static_batching.config import SBServerConfig  # noqa: E402

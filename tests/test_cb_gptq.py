@@ -19,8 +19,8 @@ from transformers import AutoTokenizer, LlamaConfig
 from transformers import LlamaForCausalLM as HFLlama
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.config import EngineConfig
 from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.model import (
     LlamaForCausalLM,
     build_attention_metadata,

@@ -14,15 +14,15 @@ from transformers import AutoTokenizer
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.model import (
     LlamaForCausalLM,
     build_attention_metadata,
     kv_cache_shape,
 )
 from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.server_config import load_cb_server_config
 from server.continuous_batching.weights import load_model, read_arch_config
 from server.continuous_batching.weights_gguf import gguf_path, hf_name, unpermute_rope_rows
 from utils.prepare_model import find_gguf

@@ -18,8 +18,8 @@ from transformers import AutoTokenizer
 from protocol.generation import GenerationConfig
 from server.common.backend import TextDelta
 from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.config import EngineConfig
 from server.continuous_batching.decoding import Decoder, RequestOutput
+from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.model_runner import ModelRunner
 from server.continuous_batching.sampler import make_generator
 from server.continuous_batching.scheduler import Scheduler

@@ -9,7 +9,7 @@ import logging
 import torch
 
 from server.continuous_batching.block_manager import BlockOps
-from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.model.attention import build_attention_metadata
 from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
 from server.continuous_batching.scheduler import SchedulerOutput

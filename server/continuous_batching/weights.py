@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .model.config import ModelArchConfig
+from .model.architecture import ModelArchConfig
 from .model.llama import LlamaForCausalLM
 from .quantization.gptq import (
     GPTQConfig,

@@ -10,7 +10,7 @@ from pathlib import Path
 from pydantic import Field
 
 from server.common.config import ServingConfig
-from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.weights_gguf import gguf_path
 from utils.config import ConfigError, load_config, resolve_path
 
