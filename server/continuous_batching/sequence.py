@@ -37,8 +37,8 @@ class Sequence:
     num_computed_tokens: int = 0
     # True while the block table holds CPU-pool blocks (swapped out).
     is_swapped: bool = False
-    # Content hashes of the sequence's full blocks, in order (prefix caching).
-    block_hashes: list[int] = field(default_factory=list)
+    # Prefix-cache keys of the sequence's full blocks, in order (see block_manager).
+    block_keys: list[bytes] = field(default_factory=list)
     # How many leading blocks of the table are registered in the prefix cache.
     num_registered_blocks: int = 0
     # Which choice of the request this sequence is (samples; beams get theirs at the end).
@@ -74,7 +74,7 @@ class Sequence:
             num_prompt_tokens=self.num_prompt_tokens,
             block_table=list(self.block_table),
             num_computed_tokens=self.num_computed_tokens,
-            block_hashes=list(self.block_hashes),
+            block_keys=list(self.block_keys),
             num_registered_blocks=self.num_registered_blocks,
             choice_index=self.choice_index,
         )
