@@ -19,7 +19,7 @@ from protocol.generation import GenerationConfig
 from server.common.backend import TextDelta
 from server.continuous_batching.block_manager import BlockManager
 from server.continuous_batching.decoding import Decoder, RequestOutput
-from server.continuous_batching.engine_config import EngineConfig
+from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
 from server.continuous_batching.model_runner import ModelRunner
 from server.continuous_batching.sampler import make_generator
 from server.continuous_batching.scheduler import Scheduler
@@ -47,23 +47,28 @@ class EngineStats:
     num_generated_tokens: int = 0
 
 
-def load_tokenizer(tokenizer_path: str | None, runner: ModelRunner) -> tuple[Any, Path]:
+def load_tokenizer(config: ModelLoadingConfig) -> tuple[Any, Path]:
     """The tokenizer, and the folder whose ``generation_config.json`` gives the EOS ids.
 
     ``tokenizer_name_or_path`` if set, else the model folder; GGUF weights without a tokenizer
     folder use the tokenizer embedded in the GGUF file (transformers converts it).
+    ``use_fast_tokenizer`` and ``trust_remote_code`` go to ``AutoTokenizer`` as they are.
     """
-    gguf = runner.gguf_path
+    options: dict[str, Any] = {
+        "use_fast": config.use_fast_tokenizer,
+        "trust_remote_code": config.trust_remote_code,
+        "local_files_only": True,
+    }
+    gguf = config.gguf_path
+    model_path = config.model_name_or_path
+    tokenizer_path = config.tokenizer_name_or_path
     if tokenizer_path:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
-        return tokenizer, Path(tokenizer_path if gguf is not None else runner.model_path)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, **options)
+        return tokenizer, Path(tokenizer_path if gguf is not None else model_path)
     if gguf is not None:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, local_files_only=True
-        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **options)
         return tokenizer, gguf.parent
-    tokenizer = AutoTokenizer.from_pretrained(runner.model_path, local_files_only=True)
-    return tokenizer, Path(runner.model_path)
+    return AutoTokenizer.from_pretrained(model_path, **options), Path(model_path)
 
 
 def load_eos_token_ids(model_path: str | Path, tokenizer: Any) -> list[int]:
@@ -82,10 +87,10 @@ class LLMEngine:
     """Runs many requests together, step by step, over a paged KV cache."""
 
     def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+        """``runner``: an already loaded model (tests, benchmarks), the one ``config`` names."""
         self.config = config
-        loading = config.model_loading_config
         self.runner = runner or ModelRunner(config)
-        self.tokenizer, metadata_dir = load_tokenizer(loading.tokenizer_name_or_path, self.runner)
+        self.tokenizer, metadata_dir = load_tokenizer(config.model_loading_config)
         self.eos_token_ids = load_eos_token_ids(metadata_dir, self.tokenizer)
         self.max_model_len = self.runner.max_model_len
         cache = config.cache_config

@@ -48,22 +48,6 @@ _LAYER_NAMES: dict[str, str] = {
 }
 
 
-def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | None:
-    """The GGUF file to load, or None for a Hugging Face folder.
-
-    ``gguf_file`` is a file name inside the ``model_path`` folder (transformers' convention) or
-    a path of its own; otherwise ``model_path`` itself is the file when it ends in ``.gguf``.
-    """
-    if gguf_file:
-        path = Path(gguf_file)
-        if not path.is_absolute() and Path(model_path).is_dir():
-            path = Path(model_path) / gguf_file
-        return path
-    if str(model_path).lower().endswith(".gguf"):
-        return Path(model_path)
-    return None
-
-
 def open_gguf(path: str | Path) -> GGUFReader:
     """Memory-map a GGUF file (tensor data is read when dequantised)."""
     if not Path(path).is_file():
