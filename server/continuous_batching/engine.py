@@ -16,7 +16,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from protocol.generation import GenerationConfig
-from server.common.backend import TextDelta
+from server.common.backend import SequenceRequest, TextDelta
 from server.continuous_batching.block_manager import BlockManager
 from server.continuous_batching.decoding import Decoder, RequestOutput
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
@@ -113,34 +113,33 @@ class LLMEngine:
         self.stats = EngineStats()
 
     # -- requests -------------------------------------------------------------------------
-    def add_request(
-        self, request_id: str, prompt_token_ids: list[int], config: GenerationConfig
-    ) -> None:
+    def add_request(self, request: SequenceRequest) -> None:
         """Queue a request; raises ``EngineError`` if it can never run or the queue is full."""
-        if request_id in self.groups:
-            raise EngineError(400, f"request id {request_id!r} is already running")
-        if not prompt_token_ids:
+        config = request.config
+        if request.request_id in self.groups:
+            raise EngineError(400, f"request id {request.request_id!r} is already running")
+        if not request.prompt_token_ids:
             raise EngineError(400, "the prompt is empty")
         if config.max_new_tokens is None:
             raise EngineError(400, "max_new_tokens must be set")
-        total = len(prompt_token_ids) + config.max_new_tokens
-        if total > self.max_model_len:
+        if request.num_prompt_tokens + config.max_new_tokens > self.max_model_len:
             raise EngineError(
                 400,
-                f"prompt ({len(prompt_token_ids)} tokens) plus max_new_tokens "
+                f"prompt ({request.num_prompt_tokens} tokens) plus max_new_tokens "
                 f"({config.max_new_tokens}) exceeds the context of {self.max_model_len} tokens",
             )
         if len(self.scheduler.waiting) >= self.config.batcher_config.max_num_waiting:
             raise EngineError(503, "the engine's queue is full; retry later")
-        seq = Sequence(list(prompt_token_ids), len(prompt_token_ids))
-        group = SequenceGroup(request_id, [seq], config)
+        # The sequence's own token list: it grows, the request's prompt stays as sent.
+        seq = Sequence(list(request.prompt_token_ids), request.num_prompt_tokens)
+        group = SequenceGroup(request.request_id, [seq], config, request.arrival_time)
         reason = self.scheduler.why_never_fits(group)
         if reason is not None:
             raise EngineError(400, reason)
         if config.do_sample:
             group.generator = make_generator(config.seed, self.runner.device)
-        seq.detokenizer = self.decoder.new_detokenizer(group)
-        self.groups[request_id] = group
+        self.decoder.start(group)
+        self.groups[request.request_id] = group
         self.scheduler.add(group)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -198,7 +197,7 @@ class LLMEngine:
         """Offline helper: run every prompt to the end; the deltas of each, in order."""
         results: dict[str, list[TextDelta]] = {}
         for i, (prompt, config) in enumerate(zip(prompts, configs, strict=True)):
-            self.add_request(f"offline-{i}", prompt, config)
+            self.add_request(SequenceRequest(f"offline-{i}", prompt, config))
             results[f"offline-{i}"] = []
         while self.has_unfinished_requests():
             for output in self.step():

@@ -9,9 +9,12 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.generation import FinishReason, GenerationConfig
+
+if TYPE_CHECKING:  # annotations only: this module stays free of torch
+    from server.continuous_batching.sampler import RowParams
 
 _seq_ids = itertools.count()
 
@@ -44,8 +47,10 @@ class Sequence:
     # Which choice of the request this sequence is (samples; beams get theirs at the end).
     choice_index: int = 0
     finish_reason: FinishReason | None = None
-    # Per-sequence helpers owned by the engine (detokenizer, RNG) live here untyped.
+    # Per-sequence helpers owned by the engine's decoder.
     detokenizer: Any = None
+    # Decoding parameters of the sequence's logits row, built on its first step (see decoding).
+    row_params: RowParams | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -90,6 +95,8 @@ class SequenceGroup:
     arrival_time: float = field(default_factory=time.monotonic)
     status: GroupStatus = GroupStatus.WAITING
     is_aborted: bool = False
+    # Token ids that end a sequence (EOS unless ignored, plus stop ids), set once at admission.
+    stop_token_ids: list[int] = field(default_factory=list)
     # Engine-owned decoding state (sampling generator, beam search state).
     generator: Any = None
     beam_state: Any = None
