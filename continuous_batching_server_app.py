@@ -15,8 +15,8 @@ from fastapi import FastAPI
 from server.common.app import create_server_app
 from server.common.compute_thread import ComputeThread
 from server.continuous_batching.async_engine import AsyncEngine
+from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.server_config import load_cb_server_config
 from utils.logging import setup_logging
 
 DEFAULT_CONFIG = "configs/cb_server_config.json"

@@ -44,6 +44,7 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
 from benchmarks.bench_model_step import BLOCK_SIZE, ours_step, time_interleaved  # noqa: E402
+from server.continuous_batching.engine_config import ModelLoadingConfig  # noqa: E402
 from server.continuous_batching.model import (  # noqa: E402
     LlamaForCausalLM,
     build_attention_metadata,
@@ -145,12 +146,12 @@ def run_variant(args: argparse.Namespace) -> dict[str, float]:
     quant_linear.CPU_KERNEL_ENABLED = args.variant != "int4-portable"
     path = args.model if args.variant == "bf16" else args.gptq_dir
     before = _rss()
-    model, _ = load_model(
-        str(path),
-        torch.bfloat16,
-        torch.device("cpu"),
+    loading = ModelLoadingConfig(
+        model_name_or_path=str(path),
+        torch_dtype="bfloat16",
         gptq_dequantize_at_load=args.variant == "int4-dequant",
     )
+    model, _ = load_model(loading)
     row: dict[str, float] = {"weights": weight_bytes(model), "rss": _rss() - before}
     for batch in args.batches:
         times = time_interleaved({"step": ours_step(model, batch, args.context)}, args.steps)

@@ -26,6 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from server.continuous_batching.engine_config import ModelLoadingConfig  # noqa: E402
 from server.continuous_batching.model import (  # noqa: E402
     LlamaForCausalLM,
     build_attention_metadata,
@@ -130,7 +131,7 @@ def main() -> None:
     print(f"threads={torch.get_num_threads()} context~{args.context} model={args.model}")
     for name in args.dtypes:
         dtype = DTYPES[name]
-        model, _ = load_model(args.model, dtype, torch.device("cpu"))
+        model, _ = load_model(ModelLoadingConfig(model_name_or_path=args.model, torch_dtype=name))
         hf = None
         if not args.no_hf:
             from transformers import AutoModelForCausalLM

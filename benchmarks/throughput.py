@@ -43,9 +43,10 @@ from benchmarks import (  # noqa: E402
 )
 from benchmarks.workloads import WORKLOADS, Request, build_workload, render_chat  # noqa: E402
 from protocol.generation import GenerationConfig  # noqa: E402
+from server.common.backend import SequenceRequest  # noqa: E402
 from server.continuous_batching import model_runner  # noqa: E402
-from server.continuous_batching.config import EngineConfig  # noqa: E402
 from server.continuous_batching.engine import LLMEngine  # noqa: E402
+from server.continuous_batching.engine_config import EngineConfig  # noqa: E402
 from server.continuous_batching.scheduler import SchedulerOutput  # noqa: E402
 from tools.prepare_model import ensure_default_model  # noqa: E402
 
@@ -149,7 +150,7 @@ def run_engine(engine: LLMEngine, requests: list[Request], tag: str) -> dict[str
     counts: dict[str, int] = {}
     for i, request in enumerate(requests):
         config = GenerationConfig(max_new_tokens=request.max_new_tokens, ignore_eos=True)
-        engine.add_request(f"{tag}-{i}", request.prompt_token_ids, config)
+        engine.add_request(SequenceRequest(f"{tag}-{i}", request.prompt_token_ids, config))
         counts[f"{tag}-{i}"] = 0
     while engine.has_unfinished_requests():
         for output in engine.step():

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
+from utils.request_id import new_request_id
 
 if TYPE_CHECKING:
     from client.backends.base import Backend, Plan
@@ -21,11 +21,6 @@ Route = Literal["auto", "local", "openai"]
 
 #: The request bodies the gateway routes.
 ParsedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest
-
-
-def new_request_id() -> str:
-    """A fresh request id (for callers that sent no ``X-Request-ID``)."""
-    return uuid.uuid4().hex
 
 
 @dataclass(eq=False)

@@ -24,6 +24,11 @@ def sane_request_id(value: str | None) -> str | None:
     return value
 
 
+def new_request_id() -> str:
+    """A fresh request id, for a request that came without a usable one."""
+    return uuid.uuid4().hex
+
+
 class RequestIdMiddleware:
     """ASGI middleware giving each HTTP request an id and returning it in the answer."""
 
@@ -37,7 +42,7 @@ class RequestIdMiddleware:
         header = REQUEST_ID_HEADER.encode()
         sent = next((v for k, v in scope.get("headers", []) if k.lower() == header), None)
         request_id = sane_request_id(sent.decode("latin-1") if sent else None)
-        request_id = request_id or uuid.uuid4().hex
+        request_id = request_id or new_request_id()
         scope.setdefault("state", {})["request_id"] = request_id
 
         async def send_with_id(message: Message) -> None:
@@ -52,4 +57,4 @@ class RequestIdMiddleware:
 
 def request_id_of(state: object) -> str:
     """The id the middleware gave the request (``request.state``); a fresh one without it."""
-    return getattr(state, "request_id", None) or uuid.uuid4().hex
+    return getattr(state, "request_id", None) or new_request_id()

@@ -12,6 +12,7 @@ from server.common.backend import GenerationBackend
 from server.common.metrics import ServerMetrics
 from server.common.native_routes import build_native_router
 from server.common.openai_routes import build_openai_router
+from server.common.request_context import RequestContextMiddleware
 from server.common.service import GenerationService, ServingSettings
 from utils.errors import install_error_handlers
 
@@ -59,6 +60,7 @@ def create_server_app(
     app.state.service = service
     install_error_handlers(app)
     app.add_middleware(_RequestCounter, metrics=metrics)
+    app.add_middleware(RequestContextMiddleware)  # outermost: sees every answer
     app.include_router(build_native_router(service))
     app.include_router(build_openai_router(service))
     return app

@@ -15,19 +15,20 @@ from protocol.generation import (
 )
 from protocol.health import HealthResponse
 from server.common.backend import TextDelta
+from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, new_request_id
 from utils.http import prime, run_unless_disconnected, sse_response
 from utils.sse import encode_event
 
 
-def _native_job(service: GenerationService, body: GenerateRequest) -> Job:
+def _native_job(service: GenerationService, body: GenerateRequest, record: RequestRecord) -> Job:
     service.check_model(body.model)
     if body.messages is not None:
         prompt = service.prompts.render_chat(body.messages)
         token_ids = service.prompts.encode(prompt, is_chat=True)
     else:
         token_ids = service.prompts.encode(body.prompt or "")
-    return service.make_job(new_request_id("gen"), [token_ids], body.generation_config)
+    return service.make_job(new_request_id("gen"), [token_ids], body.generation_config, record)
 
 
 async def _native_events(
@@ -51,8 +52,9 @@ def build_native_router(service: GenerationService) -> APIRouter:
     router = APIRouter()
 
     @router.post("/generate", response_model=GenerateResponse)
-    async def generate(body: GenerateRequest, request: Request) -> Response:
-        job = _native_job(service, body)
+    async def generate(request: Request) -> Response:
+        body = await parse_body(request, GenerateRequest)
+        job = _native_job(service, body, request_record(request))
         if body.stream:
             deltas = await prime(service.iter_deltas(job))
             return sse_response(_native_events(service, job, deltas))

@@ -25,6 +25,7 @@ from protocol.openai_api import (
     ModelList,
 )
 from server.common.backend import TextDelta
+from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, new_request_id
 from utils.errors import APIError, validation_api_error
 from utils.http import prime, run_unless_disconnected, sse_response
@@ -42,7 +43,9 @@ def _usage(job: Job, num_tokens: int) -> CompletionUsage:
     return CompletionUsage(**job.usage(num_tokens).model_dump())
 
 
-def _completion_job(service: GenerationService, body: CompletionRequest) -> Job:
+def _completion_job(
+    service: GenerationService, body: CompletionRequest, record: RequestRecord
+) -> Job:
     service.check_model(body.model)
     config = _generation_config(body)
     if body.echo:
@@ -51,10 +54,12 @@ def _completion_job(service: GenerationService, body: CompletionRequest) -> Job:
         service.prompts.check_token_ids(p) if isinstance(p, list) else service.prompts.encode(p)
         for p in body.prompts()
     ]
-    return service.make_job(new_request_id("cmpl"), prompts, config)
+    return service.make_job(new_request_id("cmpl"), prompts, config, record)
 
 
-def _chat_job(service: GenerationService, body: ChatCompletionRequest) -> Job:
+def _chat_job(
+    service: GenerationService, body: ChatCompletionRequest, record: RequestRecord
+) -> Job:
     service.check_model(body.model)
     config = _generation_config(body)
     prompt = service.prompts.render_chat(
@@ -64,7 +69,7 @@ def _chat_job(service: GenerationService, body: ChatCompletionRequest) -> Job:
         template_kwargs=body.chat_template_kwargs,
     )
     token_ids = service.prompts.encode(prompt, is_chat=True)
-    return service.make_job(new_request_id("chatcmpl"), [token_ids], config)
+    return service.make_job(new_request_id("chatcmpl"), [token_ids], config, record)
 
 
 async def _completion_events(
@@ -143,8 +148,9 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     router = APIRouter(prefix="/v1")
 
     @router.post("/completions", response_model=CompletionResponse)
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        job = _completion_job(service, body)
+    async def completions(request: Request) -> Response:
+        body = await parse_body(request, CompletionRequest)
+        job = _completion_job(service, body, request_record(request))
         if body.stream:
             deltas = await prime(service.iter_deltas(job))
             return sse_response(_completion_events(service, job, deltas, body.is_usage_streamed))
@@ -162,8 +168,9 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         )
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse)
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        job = _chat_job(service, body)
+    async def chat_completions(request: Request) -> Response:
+        body = await parse_body(request, ChatCompletionRequest)
+        job = _chat_job(service, body, request_record(request))
         if body.stream:
             deltas = await prime(service.iter_deltas(job))
             return sse_response(_chat_events(service, job, deltas, body.is_usage_streamed))

@@ -53,7 +53,7 @@ class PromptProcessor:
 
     def encode(self, prompt: str, *, is_chat: bool = False) -> list[int]:
         """Tokenize ``prompt``; a rendered chat prompt already holds its special tokens."""
-        return list(self.tokenizer(prompt, add_special_tokens=not is_chat)["input_ids"])
+        return list(self.tokenizer.encode(prompt, add_special_tokens=not is_chat))
 
     def check_token_ids(self, token_ids: list[int]) -> list[int]:
         """Validate a prompt given as token ids."""
@@ -65,8 +65,8 @@ class PromptProcessor:
             )
         return token_ids
 
-    def resolve_config(self, num_prompt_tokens: int, config: GenerationConfig) -> GenerationConfig:
-        """Return ``config`` with ``max_new_tokens`` set, or refuse what cannot fit."""
+    def max_new_tokens_for(self, num_prompt_tokens: int, config: GenerationConfig) -> int:
+        """``config.max_new_tokens``, or the default that fits; refuses what cannot fit."""
         if num_prompt_tokens == 0:
             raise APIError(400, "the prompt is empty", param="prompt")
         room = self.max_model_len - num_prompt_tokens
@@ -96,4 +96,4 @@ class PromptProcessor:
                 "new tokens that fit",
                 param="min_new_tokens",
             )
-        return config.model_copy(update={"max_new_tokens": max_new_tokens})
+        return max_new_tokens

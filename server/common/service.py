@@ -17,6 +17,7 @@ from protocol.generation import FinishReason, GenerationConfig, Usage
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.metrics import ServerMetrics
 from server.common.prompting import PromptProcessor
+from server.common.request_context import RequestRecord
 from utils.errors import APIError
 
 
@@ -51,6 +52,8 @@ class Job:
     request_id: str
     sequences: list[SequenceRequest]
     num_choices_per_sequence: int
+    # The call's closing log line, filled in as the deltas come.
+    record: RequestRecord
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -99,32 +102,65 @@ class GenerationService:
                 param="model",
             )
 
-    def make_job(self, request_id: str, prompts: list[list[int]], config: GenerationConfig) -> Job:
-        """Resolve the config against each prompt's length and build the job."""
-        sequences = []
-        for i, token_ids in enumerate(prompts):
-            resolved = self.prompts.resolve_config(len(token_ids), config)
-            sequences.append(SequenceRequest(f"{request_id}-{i}", token_ids, resolved))
-        return Job(request_id, sequences, config.num_return_sequences)
+    def make_job(
+        self,
+        request_id: str,
+        prompts: list[list[int]],
+        config: GenerationConfig,
+        record: RequestRecord,
+    ) -> Job:
+        """Resolve ``max_new_tokens`` against each prompt's length and build the job.
+
+        ``config`` is the request's own, parsed for this call: when every prompt gets the same
+        limit (one prompt, or an explicit ``max_new_tokens``) it is set in place and shared;
+        only prompts of different lengths without a limit get a copy each.
+        """
+        limits = [self.prompts.max_new_tokens_for(len(ids), config) for ids in prompts]
+        if len(set(limits)) == 1:
+            config.max_new_tokens = limits[0]
+            configs = [config] * len(prompts)
+        else:
+            configs = [config.model_copy(update={"max_new_tokens": n}) for n in limits]
+        sequences = [
+            SequenceRequest(f"{request_id}-{i}", token_ids, resolved)
+            for i, (token_ids, resolved) in enumerate(zip(prompts, configs, strict=True))
+        ]
+        job = Job(request_id, sequences, config.num_return_sequences, record)
+        record.response_id = request_id
+        record.num_prompt_tokens = job.num_prompt_tokens
+        record.num_choices = len(sequences) * job.num_choices_per_sequence
+        return job
 
     async def iter_deltas(self, job: Job) -> AsyncIterator[TextDelta]:
         """All deltas of the job, choice indices made global (prompt i, choice j -> i*n+j).
 
         Raises ``APIError(504)`` when the request timeout passes.
         """
+        record = job.record
         try:
             async with asyncio.timeout(self.settings.request_timeout_seconds):
-                if len(job.sequences) == 1:
-                    async for delta in self._iter_sequence(job.sequences[0], 0):
-                        yield delta
-                else:
-                    async for delta in self._merge(job):
+                sequences = (
+                    self._iter_sequence(job.sequences[0], 0)
+                    if len(job.sequences) == 1
+                    else self._merge(job)
+                )
+                # Closed here, not by the garbage collector: an early exit aborts at once.
+                async with contextlib.aclosing(sequences) as deltas:
+                    async for delta in deltas:
+                        record.num_completion_tokens += delta.num_new_tokens
+                        if delta.finish_reason is not None:
+                            record.finish_reasons[delta.index] = delta.finish_reason
                         yield delta
         except TimeoutError:
-            raise APIError(
+            error = APIError(
                 504,
                 f"the request did not finish within {self.settings.request_timeout_seconds:g} s",
-            ) from None
+            )
+            record.error = error.message
+            raise error from None
+        except APIError as exc:  # a stream's error event keeps its 200: the log line says why
+            record.error = exc.message
+            raise
 
     async def _iter_sequence(self, seq: SequenceRequest, offset: int) -> AsyncIterator[TextDelta]:
         self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)

@@ -149,7 +149,7 @@ class AsyncEngine(GenerationBackend):
             return
         request: SequenceRequest = payload
         try:
-            self.engine.add_request(request.request_id, request.prompt_token_ids, request.config)
+            self.engine.add_request(request)
         except EngineError as exc:
             if exc.status_code == 503:
                 error = overloaded(exc.message, retry_after_seconds=1)

@@ -1,13 +1,43 @@
 """Paged KV-cache bookkeeping: block pools with reference counts, copy-on-write, swapping
 and prefix caching. Plain Python; the model runner does the actual copies it is told to.
+
+Prefix caching keys a full block by a blake2b-256 digest of (its parent block's key, its token
+ids), so a key names the whole prefix up to the block. A hit also compares the cached block's
+parent key and token ids with the request's: a colliding key is a miss, never another prompt's
+KV.
 """
 
 from __future__ import annotations
 
+import hashlib
+from array import array
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from server.continuous_batching.sequence import Sequence
+
+#: The parent key of a sequence's first block.
+ROOT_KEY = b""
+
+
+def content_key(parent_key: bytes, token_ids: tuple[int, ...]) -> bytes:
+    """The prefix-cache key of a block: a digest of its parent's key and its token ids."""
+    packed = array("q", token_ids).tobytes()  # fixed-width ids: no two id lists pack alike
+    return hashlib.blake2b(parent_key + packed, digest_size=32).digest()
+
+
+@dataclass(frozen=True)
+class BlockContent:
+    """What a full block holds: its token ids after the prefix that ``parent_key`` names."""
+
+    parent_key: bytes
+    token_ids: tuple[int, ...]
+
+    @cached_property
+    def key(self) -> bytes:
+        """The prefix-cache key (computed once)."""
+        return content_key(self.parent_key, self.token_ids)
 
 
 class OutOfBlocksError(RuntimeError):
@@ -27,8 +57,10 @@ class BlockPool:
         self.ref_counts = [0] * num_blocks
         self._free: deque[int] = deque(range(num_blocks))
         self._evictable: OrderedDict[int, None] = OrderedDict()
-        self._hash_of_block: dict[int, int] = {}
-        self._block_of_hash: dict[int, int] = {}
+        # Registered blocks: content kept whole so that a hit can be checked, not just keyed.
+        self._content_of_block: dict[int, BlockContent] = {}
+        self._block_of_key: dict[bytes, int] = {}
+        self.num_key_collisions = 0  # lookups whose key matched another content (tests)
 
     @property
     def num_free(self) -> int:
@@ -41,7 +73,7 @@ class BlockPool:
             block = self._free.popleft()
         elif self._evictable:
             block, _ = self._evictable.popitem(last=False)
-            del self._block_of_hash[self._hash_of_block.pop(block)]
+            del self._block_of_key[self._content_of_block.pop(block).key]
         else:
             raise OutOfBlocksError("no free KV block")
         self.ref_counts[block] = 1
@@ -60,21 +92,27 @@ class BlockPool:
             raise RuntimeError(f"block {block} freed twice")
         self.ref_counts[block] = count
         if count == 0:
-            if block in self._hash_of_block:
+            if block in self._content_of_block:
                 self._evictable[block] = None
             else:
                 self._free.append(block)
 
-    def lookup(self, content_hash: int) -> int | None:
-        """The block holding ``content_hash``, if cached."""
-        return self._block_of_hash.get(content_hash)
+    def lookup(self, content: BlockContent) -> int | None:
+        """The cached block holding exactly ``content`` (same parent key and token ids), if any."""
+        block = self._block_of_key.get(content.key)
+        if block is None:
+            return None
+        if self._content_of_block[block] != content:
+            self.num_key_collisions += 1
+            return None  # same key, other content: reusing it would give another prompt's KV
+        return block
 
-    def register(self, block: int, content_hash: int) -> None:
-        """Remember that ``block`` (full, never written again) holds ``content_hash``."""
-        if content_hash in self._block_of_hash or block in self._hash_of_block:
-            return  # the same content already has a block, or this block has its hash
-        self._block_of_hash[content_hash] = block
-        self._hash_of_block[block] = content_hash
+    def register(self, block: int, content: BlockContent) -> None:
+        """Remember that ``block`` (full, never written again) holds ``content``."""
+        if content.key in self._block_of_key or block in self._content_of_block:
+            return  # the same key already has a block, or this block has its content
+        self._block_of_key[content.key] = block
+        self._content_of_block[block] = content
 
     def is_all_free(self) -> bool:
         """True when no block is referenced (leak check for tests)."""
@@ -170,14 +208,20 @@ class BlockManager:
         seq.num_registered_blocks = 0
 
     # -- prefix caching ---------------------------------------------------------------------
-    def _block_hash(self, seq: Sequence, index: int) -> int:
+    def _block_content(self, seq: Sequence, index: int) -> BlockContent:
         start = index * self.block_size
-        parent = seq.block_hashes[index - 1] if index else 0
-        return hash((parent, tuple(seq.token_ids[start : start + self.block_size])))
+        parent = seq.block_keys[index - 1] if index else ROOT_KEY
+        return BlockContent(parent, tuple(seq.token_ids[start : start + self.block_size]))
 
-    def _extend_hashes(self, seq: Sequence, num_full_blocks: int) -> None:
-        while len(seq.block_hashes) < num_full_blocks:
-            seq.block_hashes.append(self._block_hash(seq, len(seq.block_hashes)))
+    def _block_contents(self, seq: Sequence, start: int, stop: int) -> list[BlockContent]:
+        """Contents of full blocks ``start..stop-1``, recording their keys in ``seq``."""
+        contents = []
+        for index in range(start, stop):
+            content = self._block_content(seq, index)
+            if index == len(seq.block_keys):
+                seq.block_keys.append(content.key)
+            contents.append(content)
+        return contents
 
     def claim_cached_prefix(self, seq: Sequence) -> int:
         """Reuse cached blocks for the start of a sequence that has none; returns tokens reused.
@@ -187,9 +231,8 @@ class BlockManager:
         if not self.enable_prefix_caching or seq.block_table:
             return 0
         num_candidates = (seq.num_tokens - 1) // self.block_size
-        self._extend_hashes(seq, num_candidates)
-        for index in range(num_candidates):
-            block = self.device.lookup(seq.block_hashes[index])
+        for content in self._block_contents(seq, 0, num_candidates):
+            block = self.device.lookup(content)
             if block is None:
                 break
             self.device.incref(block)
@@ -206,9 +249,9 @@ class BlockManager:
         num_full = seq.num_computed_tokens // self.block_size
         if num_full <= seq.num_registered_blocks:
             return
-        self._extend_hashes(seq, num_full)
-        for index in range(seq.num_registered_blocks, num_full):
-            self.device.register(seq.block_table[index], seq.block_hashes[index])
+        start = seq.num_registered_blocks
+        for index, content in enumerate(self._block_contents(seq, start, num_full), start):
+            self.device.register(seq.block_table[index], content)
         seq.num_registered_blocks = num_full
 
     # -- swapping ---------------------------------------------------------------------------

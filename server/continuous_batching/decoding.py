@@ -47,23 +47,31 @@ class Decoder:
         """A detokenizer that cuts at the request's stop strings."""
         return IncrementalDetokenizer(self.tokenizer, group.config.stop)
 
-    # -- row parameters -------------------------------------------------------------------
-    def stop_token_ids(self, group: SequenceGroup) -> list[int]:
-        """Tokens that end a sequence of this request (EOS unless ignored, plus stop ids)."""
-        eos = [] if group.config.ignore_eos else self.eos_token_ids
-        return [*eos, *group.config.stop_token_ids]
-
-    def _row(self, group: SequenceGroup, seq: Sequence) -> RowParams:
+    def start(self, group: SequenceGroup) -> None:
+        """Prepare a new request: its stop token ids and its first sequence's detokenizer."""
         config = group.config
-        banned: list[int] = []
-        if seq.num_generated < config.min_new_tokens:
-            banned = self.stop_token_ids(group)
-        return RowParams.from_generation_config(
-            config,
-            generator=group.generator,
-            banned_token_ids=banned,
-            penalty_token_ids=seq.token_ids if config.repetition_penalty != 1.0 else None,
-        )
+        eos = [] if config.ignore_eos else self.eos_token_ids
+        group.stop_token_ids = [*eos, *config.stop_token_ids]
+        for seq in group.seqs:
+            seq.detokenizer = self.new_detokenizer(group)
+
+    # -- row parameters -------------------------------------------------------------------
+    @staticmethod
+    def _row(group: SequenceGroup, seq: Sequence) -> RowParams:
+        """``seq``'s row parameters: built on its first step, then only the ban changes."""
+        row = seq.row_params
+        is_min_reached = seq.num_generated >= group.config.min_new_tokens
+        if row is None:
+            row = seq.row_params = RowParams.from_generation_config(
+                group.config,
+                generator=group.generator,
+                banned_token_ids=None if is_min_reached else group.stop_token_ids,
+                # The live token list: the penalty follows the sequence as it grows.
+                penalty_token_ids=seq.token_ids,
+            )
+        elif row.banned_token_ids and is_min_reached:
+            row.banned_token_ids = []  # min_new_tokens reached: stop ids are allowed from now on
+        return row
 
     def decode_step(
         self, groups: list[tuple[SequenceGroup, list[Sequence]]], logits: torch.Tensor
@@ -135,7 +143,7 @@ class Decoder:
         seq.token_ids.append(token)
         if seq.detokenizer is None:
             seq.detokenizer = self.new_detokenizer(group)
-        is_stop_token = token in self.stop_token_ids(group)
+        is_stop_token = token in group.stop_token_ids
         text = "" if is_stop_token else seq.detokenizer.add_tokens([token])
         if is_stop_token or seq.detokenizer.is_stopped:
             seq.finish_reason = "stop"
@@ -162,7 +170,7 @@ class Decoder:
                 num_return_sequences=config.num_return_sequences,
                 length_penalty=config.length_penalty,
                 early_stopping=config.early_stopping,
-                eos_token_ids=self.stop_token_ids(group),
+                eos_token_ids=group.stop_token_ids,
                 num_prompt_tokens=entry.seqs[0].num_prompt_tokens,
                 max_new_tokens=config.max_new_tokens or 1,
                 min_new_tokens=config.min_new_tokens,
@@ -192,7 +200,7 @@ class Decoder:
 
     def _beam_results(self, group: SequenceGroup) -> list[TextDelta]:
         deltas = []
-        stop_ids = self.stop_token_ids(group)
+        stop_ids = group.stop_token_ids
         for index, (token_ids, _score) in enumerate(group.beam_state.finished()):
             ends_with_stop = bool(token_ids) and token_ids[-1] in stop_ids
             detokenizer = self.new_detokenizer(group)

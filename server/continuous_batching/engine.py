@@ -16,10 +16,10 @@ from typing import Any
 from transformers import AutoTokenizer
 
 from protocol.generation import GenerationConfig
-from server.common.backend import TextDelta
+from server.common.backend import SequenceRequest, TextDelta
 from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.config import EngineConfig
 from server.continuous_batching.decoding import Decoder, RequestOutput
+from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
 from server.continuous_batching.model_runner import ModelRunner
 from server.continuous_batching.sampler import make_generator
 from server.continuous_batching.scheduler import Scheduler
@@ -47,23 +47,28 @@ class EngineStats:
     num_generated_tokens: int = 0
 
 
-def load_tokenizer(tokenizer_path: str | None, runner: ModelRunner) -> tuple[Any, Path]:
+def load_tokenizer(config: ModelLoadingConfig) -> tuple[Any, Path]:
     """The tokenizer, and the folder whose ``generation_config.json`` gives the EOS ids.
 
     ``tokenizer_name_or_path`` if set, else the model folder; GGUF weights without a tokenizer
     folder use the tokenizer embedded in the GGUF file (transformers converts it).
+    ``use_fast_tokenizer`` and ``trust_remote_code`` go to ``AutoTokenizer`` as they are.
     """
-    gguf = runner.gguf_path
+    options: dict[str, Any] = {
+        "use_fast": config.use_fast_tokenizer,
+        "trust_remote_code": config.trust_remote_code,
+        "local_files_only": True,
+    }
+    gguf = config.gguf_path
+    model_path = config.model_name_or_path
+    tokenizer_path = config.tokenizer_name_or_path
     if tokenizer_path:
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, local_files_only=True)
-        return tokenizer, Path(tokenizer_path if gguf is not None else runner.model_path)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, **options)
+        return tokenizer, Path(tokenizer_path if gguf is not None else model_path)
     if gguf is not None:
-        tokenizer = AutoTokenizer.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, local_files_only=True
-        )
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **options)
         return tokenizer, gguf.parent
-    tokenizer = AutoTokenizer.from_pretrained(runner.model_path, local_files_only=True)
-    return tokenizer, Path(runner.model_path)
+    return AutoTokenizer.from_pretrained(model_path, **options), Path(model_path)
 
 
 def load_eos_token_ids(model_path: str | Path, tokenizer: Any) -> list[int]:
@@ -82,10 +87,10 @@ class LLMEngine:
     """Runs many requests together, step by step, over a paged KV cache."""
 
     def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+        """``runner``: an already loaded model (tests, benchmarks), the one ``config`` names."""
         self.config = config
-        loading = config.model_loading_config
         self.runner = runner or ModelRunner(config)
-        self.tokenizer, metadata_dir = load_tokenizer(loading.tokenizer_name_or_path, self.runner)
+        self.tokenizer, metadata_dir = load_tokenizer(config.model_loading_config)
         self.eos_token_ids = load_eos_token_ids(metadata_dir, self.tokenizer)
         self.max_model_len = self.runner.max_model_len
         cache = config.cache_config
@@ -108,34 +113,33 @@ class LLMEngine:
         self.stats = EngineStats()
 
     # -- requests -------------------------------------------------------------------------
-    def add_request(
-        self, request_id: str, prompt_token_ids: list[int], config: GenerationConfig
-    ) -> None:
+    def add_request(self, request: SequenceRequest) -> None:
         """Queue a request; raises ``EngineError`` if it can never run or the queue is full."""
-        if request_id in self.groups:
-            raise EngineError(400, f"request id {request_id!r} is already running")
-        if not prompt_token_ids:
+        config = request.config
+        if request.request_id in self.groups:
+            raise EngineError(400, f"request id {request.request_id!r} is already running")
+        if not request.prompt_token_ids:
             raise EngineError(400, "the prompt is empty")
         if config.max_new_tokens is None:
             raise EngineError(400, "max_new_tokens must be set")
-        total = len(prompt_token_ids) + config.max_new_tokens
-        if total > self.max_model_len:
+        if request.num_prompt_tokens + config.max_new_tokens > self.max_model_len:
             raise EngineError(
                 400,
-                f"prompt ({len(prompt_token_ids)} tokens) plus max_new_tokens "
+                f"prompt ({request.num_prompt_tokens} tokens) plus max_new_tokens "
                 f"({config.max_new_tokens}) exceeds the context of {self.max_model_len} tokens",
             )
         if len(self.scheduler.waiting) >= self.config.batcher_config.max_num_waiting:
             raise EngineError(503, "the engine's queue is full; retry later")
-        seq = Sequence(list(prompt_token_ids), len(prompt_token_ids))
-        group = SequenceGroup(request_id, [seq], config)
+        # The sequence's own token list: it grows, the request's prompt stays as sent.
+        seq = Sequence(list(request.prompt_token_ids), request.num_prompt_tokens)
+        group = SequenceGroup(request.request_id, [seq], config, request.arrival_time)
         reason = self.scheduler.why_never_fits(group)
         if reason is not None:
             raise EngineError(400, reason)
         if config.do_sample:
             group.generator = make_generator(config.seed, self.runner.device)
-        seq.detokenizer = self.decoder.new_detokenizer(group)
-        self.groups[request_id] = group
+        self.decoder.start(group)
+        self.groups[request.request_id] = group
         self.scheduler.add(group)
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -193,7 +197,7 @@ class LLMEngine:
         """Offline helper: run every prompt to the end; the deltas of each, in order."""
         results: dict[str, list[TextDelta]] = {}
         for i, (prompt, config) in enumerate(zip(prompts, configs, strict=True)):
-            self.add_request(f"offline-{i}", prompt, config)
+            self.add_request(SequenceRequest(f"offline-{i}", prompt, config))
             results[f"offline-{i}"] = []
         while self.has_unfinished_requests():
             for output in self.step():

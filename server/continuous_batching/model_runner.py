@@ -9,16 +9,14 @@ import logging
 import torch
 
 from server.continuous_batching.block_manager import BlockOps
-from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.model.attention import build_attention_metadata
 from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
 from server.continuous_batching.scheduler import SchedulerOutput
 from server.continuous_batching.weights import load_model
-from server.continuous_batching.weights_gguf import gguf_path
 
 logger = logging.getLogger(__name__)
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _GIB = 1024**3
 
 
@@ -39,21 +37,11 @@ class ModelRunner:
         cache = config.cache_config
         if loading.num_threads:
             torch.set_num_threads(loading.num_threads)
-        self.device = torch.device(loading.device)
-        self.dtype = _DTYPES[loading.torch_dtype]
-        self.model_path = loading.model_name_or_path
-        #: The GGUF file when the weights come from one (the tokenizer may too), else None.
-        self.gguf_path = gguf_path(self.model_path, loading.gguf_file)
-        self.model, self.arch = load_model(
-            self.model_path,
-            self.dtype,
-            self.device,
-            gguf_file=loading.gguf_file,
-            quantize_method=loading.quantize_method,
-            gptq_model_base_name=loading.gptq_model_base_name,
-            gptq_config_base_name=loading.gptq_config_base_name,
-            gptq_dequantize_at_load=loading.gptq_dequantize_at_load,
-        )
+        #: The ``model_loading_config`` the model was loaded from.
+        self.loading_config = loading
+        self.model, self.arch = load_model(loading)
+        self.device = self.model.device
+        self.dtype = self.model.dtype
         self.max_model_len = resolve_max_model_len(
             self.arch.max_position_embeddings, loading.model_max_length
         )

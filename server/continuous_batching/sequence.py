@@ -9,9 +9,12 @@ import enum
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from protocol.generation import FinishReason, GenerationConfig
+
+if TYPE_CHECKING:  # annotations only: this module stays free of torch
+    from server.continuous_batching.sampler import RowParams
 
 _seq_ids = itertools.count()
 
@@ -37,15 +40,17 @@ class Sequence:
     num_computed_tokens: int = 0
     # True while the block table holds CPU-pool blocks (swapped out).
     is_swapped: bool = False
-    # Content hashes of the sequence's full blocks, in order (prefix caching).
-    block_hashes: list[int] = field(default_factory=list)
+    # Prefix-cache keys of the sequence's full blocks, in order (see block_manager).
+    block_keys: list[bytes] = field(default_factory=list)
     # How many leading blocks of the table are registered in the prefix cache.
     num_registered_blocks: int = 0
     # Which choice of the request this sequence is (samples; beams get theirs at the end).
     choice_index: int = 0
     finish_reason: FinishReason | None = None
-    # Per-sequence helpers owned by the engine (detokenizer, RNG) live here untyped.
+    # Per-sequence helpers owned by the engine's decoder.
     detokenizer: Any = None
+    # Decoding parameters of the sequence's logits row, built on its first step (see decoding).
+    row_params: RowParams | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -74,7 +79,7 @@ class Sequence:
             num_prompt_tokens=self.num_prompt_tokens,
             block_table=list(self.block_table),
             num_computed_tokens=self.num_computed_tokens,
-            block_hashes=list(self.block_hashes),
+            block_keys=list(self.block_keys),
             num_registered_blocks=self.num_registered_blocks,
             choice_index=self.choice_index,
         )
@@ -90,6 +95,8 @@ class SequenceGroup:
     arrival_time: float = field(default_factory=time.monotonic)
     status: GroupStatus = GroupStatus.WAITING
     is_aborted: bool = False
+    # Token ids that end a sequence (EOS unless ignored, plus stop ids), set once at admission.
+    stop_token_ids: list[int] = field(default_factory=list)
     # Engine-owned decoding state (sampling generator, beam search state).
     generator: Any = None
     beam_state: Any = None

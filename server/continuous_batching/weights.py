@@ -8,7 +8,8 @@ Loading is split in two so checkpoint formats plug in:
 * ``assign_weights`` copies those pairs into the model's (partly fused) parameters, casting
   to the model dtype, and checks that every parameter was filled exactly once.
 
-``load_model`` picks the source: a ``.gguf`` file (or ``gguf_file``), a GPTQ folder (its
+``load_model`` takes the ``model_loading_config`` and picks the source: a ``.gguf`` file (or
+``gguf_file``), a GPTQ folder (its
 ``quantize_config.json`` or ``quantization_config`` says so), else plain safetensors. GPTQ
 layers become int4 ``QuantLinear``s installed in place of the dense matmuls, or, with
 ``gptq_dequantize_at_load``, dense weights like any other checkpoint.
@@ -25,7 +26,8 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .model.config import ModelArchConfig
+from .engine_config import ModelLoadingConfig
+from .model.architecture import ModelArchConfig
 from .model.llama import LlamaForCausalLM
 from .quantization.gptq import (
     GPTQConfig,
@@ -35,9 +37,16 @@ from .quantization.gptq import (
     split_gptq_checkpoint,
 )
 from .quantization.quant_linear import QuantLinear, fuse
-from .weights_gguf import gguf_path, iter_gguf, open_gguf, read_gguf_config
+from .weights_gguf import iter_gguf, open_gguf, read_gguf_config
 
 logger = logging.getLogger(__name__)
+
+#: ``model_loading_config.torch_dtype`` -> the dtype the model computes in.
+TORCH_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
 
 #: Tensors some checkpoints carry that the model recomputes itself.
 _IGNORED_SUFFIXES: tuple[str, ...] = ("rotary_emb.inv_freq",)
@@ -134,35 +143,30 @@ def _preview(names: list[str], limit: int = 8) -> str:
     return f"{names[:limit]}{more}" if names else "none"
 
 
-def load_model(
-    model_path: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    *,
-    gguf_file: str | None = None,
-    quantize_method: str | None = None,
-    gptq_model_base_name: str | None = None,
-    gptq_config_base_name: str | None = None,
-    gptq_dequantize_at_load: bool = False,
-) -> tuple[LlamaForCausalLM, ModelArchConfig]:
+def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchConfig]:
     """Build the model and fill it from a Hugging Face folder, a GPTQ folder or a GGUF file.
 
     ``quantize_method="gptq"`` insists on a GPTQ folder; a folder whose config says GPTQ is
     loaded as GPTQ either way (the format describes itself, as in transformers). Raises
-    UnsupportedModelError (not a llama), WeightLoadError or GPTQFormatError.
+    UnsupportedModelError (not a llama), ValueError (a checkpoint outside ``model_type``'s
+    family), WeightLoadError or GPTQFormatError.
     """
-    device = torch.device(device)
-    gguf = gguf_path(model_path, gguf_file)
+    dtype = TORCH_DTYPES[config.torch_dtype]
+    device = torch.device(config.device)
+    model_path = config.model_name_or_path
+    gguf = config.gguf_path
     if gguf is not None:
         reader = open_gguf(gguf)
-        config = read_gguf_config(reader)
-        model = LlamaForCausalLM(config, dtype=dtype, device=device)
-        assign_weights(model, iter_gguf(reader, config))
+        arch = read_gguf_config(reader)
+        config.check_checkpoint_model_type(arch.model_type)
+        model = LlamaForCausalLM(arch, dtype=dtype, device=device)
+        assign_weights(model, iter_gguf(reader, arch))
     else:
-        config = read_arch_config(model_path)
-        model = LlamaForCausalLM(config, dtype=dtype, device=device)
-        gptq = read_gptq_config(model_path, gptq_config_base_name)
-        if quantize_method == "gptq" and gptq is None:
+        arch = read_arch_config(model_path)
+        config.check_checkpoint_model_type(arch.model_type)
+        model = LlamaForCausalLM(arch, dtype=dtype, device=device)
+        gptq = read_gptq_config(model_path, config.gptq_config_base_name)
+        if config.quantize_method == "gptq" and gptq is None:
             raise WeightLoadError(
                 f"quantize_method is gptq but {model_path} has no quantize_config.json "
                 "and no GPTQ quantization_config in config.json"
@@ -170,11 +174,11 @@ def load_model(
         if gptq is None:
             assign_weights(model, iter_safetensors(model_path))
         else:
-            files = gptq_files(model_path, gptq_model_base_name)
-            _load_gptq(model, files, gptq, dequantize_at_load=gptq_dequantize_at_load)
+            files = gptq_files(model_path, config.gptq_model_base_name)
+            _load_gptq(model, files, gptq, dequantize_at_load=config.gptq_dequantize_at_load)
     model.finalize()
     model.eval()
-    return model, config
+    return model, arch
 
 
 def _load_gptq(

@@ -25,7 +25,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from .model.config import ModelArchConfig, UnsupportedModelError
+from .model.architecture import ModelArchConfig, UnsupportedModelError
 
 #: GGUF architectures whose tensors map onto our llama module (mistral GGUFs say "llama").
 GGUF_ARCHITECTURES: tuple[str, ...] = ("llama",)
@@ -46,22 +46,6 @@ _LAYER_NAMES: dict[str, str] = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-
-
-def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | None:
-    """The GGUF file to load, or None for a Hugging Face folder.
-
-    ``gguf_file`` is a file name inside the ``model_path`` folder (transformers' convention) or
-    a path of its own; otherwise ``model_path`` itself is the file when it ends in ``.gguf``.
-    """
-    if gguf_file:
-        path = Path(gguf_file)
-        if not path.is_absolute() and Path(model_path).is_dir():
-            path = Path(model_path) / gguf_file
-        return path
-    if str(model_path).lower().endswith(".gguf"):
-        return Path(model_path)
-    return None
 
 
 def open_gguf(path: str | Path) -> GGUFReader:

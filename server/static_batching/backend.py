@@ -14,8 +14,8 @@ from transformers.utils import logging as hf_logging
 from protocol.health import LoadReport, ServerKind
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.compute_thread import ComputeThread
+from server.static_batching.batcher import PackageRecord, PackagingBatcher
 from server.static_batching.config import SBServerConfig, SBWorkerConfig
-from server.static_batching.packaging import PackageRecord, PackagingBatcher
 from server.static_batching.worker import LoadedModel, SBWorker
 from utils.config import ConfigError
 from utils.errors import APIError

@@ -28,7 +28,7 @@ from transformers import (
 from protocol.generation import FinishReason, GenerationConfig
 from server.common.backend import TextDelta
 from server.common.detokenizer import IncrementalDetokenizer
-from server.static_batching.packaging import Package, RequestState
+from server.static_batching.batcher import Package, RequestState
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)

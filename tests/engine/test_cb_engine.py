@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from protocol.generation import GenerationConfig
+from server.common.backend import SequenceRequest
 from server.continuous_batching.engine import EngineError, LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 from tests.support.default_model import engine_config
@@ -221,12 +222,15 @@ def test_stops_abort_and_refusals(make_engine, prompts) -> None:
         [prompts[0]], [GenerationConfig(max_new_tokens=20, min_new_tokens=15)]
     )
     assert sum(d.num_new_tokens for d in deltas) >= 15
-    engine.add_request("long", prompts[1], GenerationConfig(max_new_tokens=200, ignore_eos=True))
+    config = GenerationConfig(max_new_tokens=200, ignore_eos=True)
+    engine.add_request(SequenceRequest("long", prompts[1], config))
     for _ in range(3):
         engine.step()
     closing = engine.abort("long")
     assert closing is not None and closing.deltas[0].finish_reason == "abort"
     assert_no_leak(engine)
     with pytest.raises(EngineError, match="exceeds the context of 8192 tokens") as refused:
-        engine.add_request("huge", prompts[0], GenerationConfig(max_new_tokens=9000))
+        engine.add_request(
+            SequenceRequest("huge", prompts[0], GenerationConfig(max_new_tokens=9000))
+        )
     assert refused.value.status_code == 400 and "8192" in refused.value.message

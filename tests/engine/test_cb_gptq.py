@@ -18,8 +18,8 @@ from transformers import AutoTokenizer, LlamaConfig
 from transformers import LlamaForCausalLM as HFLlama
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.config import EngineConfig
 from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
 from server.continuous_batching.model import (
     LlamaForCausalLM,
     build_attention_metadata,
@@ -36,6 +36,15 @@ from server.continuous_batching.weights import load_model
 from tests.engine.gptq_writer import pack_layer, rtn_quantize, write_checkpoint
 
 CPU = torch.device("cpu")
+
+
+def loading(path: Path, **options: object) -> ModelLoadingConfig:
+    """The model_loading_config of a checkpoint on the CPU (float32 unless told)."""
+    return ModelLoadingConfig.model_validate(
+        {"model_name_or_path": str(path), "torch_dtype": "float32", **options}
+    )
+
+
 BLOCK = 16
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small dragon"]
 
@@ -125,11 +134,11 @@ def v1_checkpoint(
 
 def test_v1_int4_matches_dequantised_transformers(v1_checkpoint, hf_ref, prompt_ids) -> None:
     folder, reference = v1_checkpoint
-    ours, _ = load_model(str(folder), torch.float32, CPU, quantize_method="gptq")
+    ours, _ = load_model(loading(folder, quantize_method="gptq"))
     assert ours.layers[0].qkv.perm is None and ours.layers[0].qkv.row_groups is None
     int4 = check_model(ours, hf_ref, reference, prompt_ids)
     # The dequantise-at-load option runs the same weights through the dense path.
-    dense, _ = load_model(str(folder), torch.float32, CPU, gptq_dequantize_at_load=True)
+    dense, _ = load_model(loading(folder, gptq_dequantize_at_load=True))
     assert dense.layers[0].qkv_weight is not None and not dense.layers[0].replaced
     assert_logits_close(our_last_logits(dense, prompt_ids), int4, rel=1e-5)
 
@@ -160,7 +169,7 @@ def test_format_variants_match_dequantised_transformers(
     spec = VARIANTS[variant]
     reference = write_checkpoint(tmp_path, default_model_path, source, **spec)
     base = "gptq_model-4bit-32g" if spec["desc_act"] else None
-    ours, _ = load_model(str(tmp_path), torch.float32, CPU, gptq_model_base_name=base)
+    ours, _ = load_model(loading(tmp_path, gptq_model_base_name=base))
     qkv = ours.layers[0].qkv
     assert (qkv.perm is not None) == spec["desc_act"]
     assert (qkv.row_groups is not None) == (spec["group_size"] == 128)
@@ -257,7 +266,7 @@ def test_cpu_int4_kernel_matches_portable_path(monkeypatch) -> None:
 
 def test_bfloat16_int4_model_tracks_reference(v1_checkpoint, hf_ref, prompt_ids) -> None:
     folder, reference = v1_checkpoint
-    ours, _ = load_model(str(folder), torch.bfloat16, CPU)
+    ours, _ = load_model(loading(folder, torch_dtype="bfloat16"))
     assert ours.layers[0].qkv.kernel is not None  # the CPU int4 kernel path
     ours_logits = our_last_logits(ours, prompt_ids).float()
     expected = reference_logits(hf_ref, reference, prompt_ids)

@@ -15,6 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel
 from transformers import LlamaForCausalLM as HFLlama
 
+from server.continuous_batching.engine_config import ModelLoadingConfig
 from server.continuous_batching.model import (
     LlamaForCausalLM,
     ModelArchConfig,
@@ -34,6 +35,11 @@ PROMPTS = [
     "def fibonacci(n):",
 ]
 CPU = torch.device("cpu")
+
+
+def loading(path: Path, torch_dtype: str = "float32") -> ModelLoadingConfig:
+    """The model_loading_config of a checkpoint on the CPU."""
+    return ModelLoadingConfig(model_name_or_path=str(path), torch_dtype=torch_dtype)
 
 
 @dataclass
@@ -100,7 +106,7 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def ours(default_model_path: Path) -> LlamaForCausalLM:
-    return load_model(str(default_model_path), torch.float32, CPU)[0]
+    return load_model(loading(default_model_path))[0]
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +177,7 @@ def test_mixed_step_decode_and_prefill(ours, hf_model, prompt_ids) -> None:
 
 
 def test_bfloat16_greedy_matches_hf(default_model_path, prompt_ids) -> None:
-    ours_bf16 = load_model(str(default_model_path), torch.bfloat16, CPU)[0]
+    ours_bf16 = load_model(loading(default_model_path, "bfloat16"))[0]
     hf_bf16 = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.bfloat16)
     tokens = greedy(PagedRunner(ours_bf16), prompt_ids[:1], steps=8)[0]
     assert tokens == hf_greedy(hf_bf16.eval(), prompt_ids[0], 8)
@@ -207,7 +213,7 @@ def tiny_llama(tmp_path: Path) -> tuple[Path, PreTrainedModel]:
 def test_tiny_sharded_llama3_rope_matches_hf(tmp_path: Path) -> None:
     path, hf = tiny_llama(tmp_path)
     assert (path / "model.safetensors.index.json").is_file()
-    ours_tiny, config = load_model(str(path), torch.float32, CPU)
+    ours_tiny, config = load_model(loading(path))
     assert config.rope_scaling and config.rope_scaling["rope_type"] == "llama3"
     assert not config.tie_word_embeddings and config.attention_bias
     long_ids = torch.randint(0, 128, (150,), generator=torch.Generator().manual_seed(1)).tolist()
@@ -234,10 +240,10 @@ def test_loader_errors(tmp_path: Path) -> None:
     config = json.loads(config_file.read_text())
     config_file.write_text(json.dumps({**config, "architectures": ["GPT2LMHeadModel"]}))
     with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel"):
-        load_model(str(path), torch.float32, CPU)
+        load_model(loading(path))
     config_file.write_text(json.dumps({**config, "num_hidden_layers": 3}))
     with pytest.raises(WeightLoadError, match=r"missing .*model\.layers\.2\."):
-        load_model(str(path), torch.float32, CPU)
+        load_model(loading(path))
 
 
 def test_config_reads_legacy_rope_scaling() -> None:

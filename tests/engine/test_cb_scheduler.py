@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.block_manager import BlockManager, BlockPool
+from server.continuous_batching.block_manager import ROOT_KEY, BlockContent, BlockManager, BlockPool
 from server.continuous_batching.scheduler import Scheduler, SchedulerOutput
 from server.continuous_batching.sequence import GroupStatus, Sequence, SequenceGroup
 
@@ -53,12 +53,13 @@ def test_pool_refcounts_and_eviction() -> None:
     pool.incref(a)
     pool.decref(a)
     assert pool.num_free == 1
-    pool.register(a, content_hash=123)
+    content = BlockContent(ROOT_KEY, (1, 2, 3))
+    pool.register(a, content)
     pool.decref(a)
-    assert pool.num_free == 2 and pool.lookup(123) == a  # cached, yet counted as free
+    assert pool.num_free == 2 and pool.lookup(content) == a  # cached, yet counted as free
     b = pool.allocate()
     c = pool.allocate()  # evicts the cached block
-    assert {b, c} == {0, 1} and pool.lookup(123) is None
+    assert {b, c} == {0, 1} and pool.lookup(content) is None
     pool.decref(b)
     pool.decref(c)
     assert pool.is_all_free()

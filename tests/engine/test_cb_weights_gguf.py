@@ -13,17 +13,17 @@ from transformers import AutoTokenizer
 from transformers.modeling_gguf_pytorch_utils import LlamaTensorProcessor
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.engine_config import EngineConfig, gguf_path
 from server.continuous_batching.model import (
     LlamaForCausalLM,
     build_attention_metadata,
     kv_cache_shape,
 )
 from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.server_config import load_cb_server_config
 from server.continuous_batching.weights import load_model, read_arch_config
-from server.continuous_batching.weights_gguf import gguf_path, hf_name, unpermute_rope_rows
+from server.continuous_batching.weights_gguf import hf_name, unpermute_rope_rows
 from tests.support.default_model import engine_config
 from tools.prepare_model import find_gguf
 
@@ -57,11 +57,11 @@ def last_logits(model: LlamaForCausalLM, prompts: list[list[int]]) -> torch.Tens
 def test_config_from_metadata_matches_converted_folder(gguf_runner, default_model_path) -> None:
     assert gguf_runner.arch == read_arch_config(default_model_path)
     assert gguf_runner.max_model_len == 8192
-    assert gguf_runner.gguf_path == find_gguf()
+    assert gguf_runner.loading_config.gguf_path == find_gguf()
 
 
 def test_logits_match_converted_safetensors(gguf_runner, default_model_path) -> None:
-    converted, _ = load_model(str(default_model_path), torch.float32, CPU)
+    converted, _ = load_model(engine_config(default_model_path).model_loading_config)
     # Same dequantiser (gguf.quants) on both sides: the weights agree bit for bit.
     ours = dict(gguf_runner.model.named_parameters())
     for name, param in converted.named_parameters():

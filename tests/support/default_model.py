@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from server.continuous_batching.config import EngineConfig
+from server.continuous_batching.engine_config import EngineConfig
 
 #: The question the demo, the chat page and the Triton tests ask.
 DEMO_QUESTION = "What is the capital of France?"

@@ -1,7 +1,7 @@
 """Llama-family model code of the continuous-batching engine (torch, paged KV cache)."""
 
+from .architecture import ModelArchConfig, UnsupportedModelError
 from .attention import AttentionGroup, AttentionMetadata, build_attention_metadata
-from .config import ModelArchConfig, UnsupportedModelError
 from .llama import LlamaForCausalLM, kv_bytes_per_block, kv_cache_shape
 
 __all__ = [

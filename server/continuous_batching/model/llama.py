@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .architecture import ModelArchConfig
 from .attention import AttentionMetadata
-from .config import ModelArchConfig
 from .linear import Linear, LinearLike, can_prepack
 from .paged_attention import PagedAttention
 from .rotary import RotaryTables, apply_rope

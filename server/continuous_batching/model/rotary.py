@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .config import ModelArchConfig
+from .architecture import ModelArchConfig
 
 
 def rope_inv_freq(config: ModelArchConfig) -> torch.Tensor:

@@ -5,13 +5,13 @@ config file's folder and the folder above it.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pydantic import Field
 
 from server.common.config import ServingConfig
-from server.continuous_batching.config import EngineConfig
-from server.continuous_batching.weights_gguf import gguf_path
+from server.continuous_batching.engine_config import EngineConfig
 from utils.config import ConfigError, load_config, resolve_path
 
 
@@ -32,7 +32,7 @@ def load_cb_server_config(path: str | Path) -> CBServerConfig:
     loading.model_name_or_path = resolve_path(path, loading.model_name_or_path)
     if loading.tokenizer_name_or_path:
         loading.tokenizer_name_or_path = resolve_path(path, loading.tokenizer_name_or_path)
-    gguf = gguf_path(loading.model_name_or_path, loading.gguf_file)
+    gguf = loading.gguf_path
     if gguf is not None:
         if not gguf.is_file():
             raise ConfigError(f"{path}: model_loading_config: no GGUF file at {gguf}")
@@ -43,4 +43,15 @@ def load_cb_server_config(path: str | Path) -> CBServerConfig:
             f"{path}: model_loading_config.model_name_or_path: no Hugging Face model folder at "
             f"{model_dir} (config.json missing); run `make model` for the default model"
         )
+    try:
+        checkpoint = json.loads((model_dir / "config.json").read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"{path}: model_loading_config.model_name_or_path: {model_dir}/config.json is not "
+            f"valid JSON ({exc})"
+        ) from None
+    try:  # early, with the file named; load_model checks GGUF files and direct engine users
+        loading.check_checkpoint_model_type(checkpoint.get("model_type"))
+    except ValueError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     return config

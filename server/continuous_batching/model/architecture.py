@@ -49,6 +49,8 @@ class ModelArchConfig:
     #: Bias on o_proj. Llama's ``attention_bias`` covers q/k/v/o; Qwen2 has q/k/v bias only.
     o_proj_bias: bool = False
     architecture: str = "LlamaForCausalLM"
+    #: The checkpoint's ``model_type`` (config.json; "llama" for a llama GGUF).
+    model_type: str = "llama"
 
     @property
     def q_size(self) -> int:
@@ -98,6 +100,7 @@ class ModelArchConfig:
             hidden_act=hidden_act,
             o_proj_bias=attention_bias and not qwen2,
             architecture=arch,
+            model_type=d.get("model_type") or SUPPORTED_ARCHITECTURES[arch],
         )
 
 

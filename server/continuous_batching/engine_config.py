@@ -6,11 +6,32 @@ The three sections follow the seed's ``cb_server_config.json`` (``model_loading_
 
 from __future__ import annotations
 
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16"]
+
+#: Architecture families the engine runs -> the checkpoint ``model_type`` values of each (the
+#: checkpoints our llama code runs unchanged; see ``model.architecture``).
+MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {"llama": ("llama", "mistral", "qwen2")}
+
+
+def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | None:
+    """The GGUF file to load, or None for a Hugging Face folder.
+
+    ``gguf_file`` is a file name inside the ``model_path`` folder (transformers' convention) or
+    a path of its own; otherwise ``model_path`` itself is the file when it ends in ``.gguf``.
+    """
+    if gguf_file:
+        path = Path(gguf_file)
+        if not path.is_absolute() and Path(model_path).is_dir():
+            path = Path(model_path) / gguf_file
+        return path
+    if str(model_path).lower().endswith(".gguf"):
+        return Path(model_path)
+    return None
 
 
 class _Section(BaseModel):
@@ -20,15 +41,25 @@ class _Section(BaseModel):
 class ModelLoadingConfig(_Section):
     """Where the weights are and how to run them."""
 
-    model_type: Literal["llama"] = "llama"
+    model_type: Literal["llama"] = Field(
+        default="llama",
+        description="architecture family; only llama: checkpoints whose config.json model_type "
+        "is llama, mistral or qwen2 (checked at load)",
+    )
     model_name_or_path: str
     tokenizer_name_or_path: str | None = None
     torch_dtype: TorchDtypeName = "bfloat16"
     device: str = "cpu"
     num_threads: int | None = Field(default=None, ge=1)
     model_max_length: int | None = Field(default=None, ge=2)
-    use_fast_tokenizer: bool = True
-    trust_remote_code: bool = False
+    use_fast_tokenizer: bool = Field(
+        default=True, description="load the tokenizer with use_fast (its Rust implementation)"
+    )
+    trust_remote_code: bool = Field(
+        default=False,
+        description="lets the tokenizer run code shipped with the checkpoint (a custom tokenizer "
+        "class); the model itself always runs the engine's own llama code, never checkpoint code",
+    )
     quantize_method: Literal["gptq"] | None = Field(
         default=None, description="gptq: int4 GPTQ folder (also detected from its config)"
     )
@@ -47,6 +78,35 @@ class ModelLoadingConfig(_Section):
         "ending in .gguf is loaded as GGUF too",
     )
     served_model_name: str | None = None
+
+    @field_validator("model_type", mode="before")
+    @classmethod
+    def _check_model_type(cls, value: Any) -> Any:
+        if value not in MODEL_TYPE_FAMILIES:
+            families = ", ".join(
+                f"{name!r} ({', '.join(types)} checkpoints)"
+                for name, types in MODEL_TYPE_FAMILIES.items()
+            )
+            raise ValueError(
+                f"model type {value!r} is not supported: the continuous-batching engine runs "
+                f"the llama family only; supported: {families}"
+            )
+        return value
+
+    @property
+    def gguf_path(self) -> Path | None:
+        """The GGUF file the weights (and maybe the tokenizer) come from, else None."""
+        return gguf_path(self.model_name_or_path, self.gguf_file)
+
+    def check_checkpoint_model_type(self, checkpoint_model_type: str | None) -> None:
+        """Refuse a checkpoint outside the configured family (``ValueError`` naming the key)."""
+        family = MODEL_TYPE_FAMILIES[self.model_type]
+        if checkpoint_model_type not in family:
+            raise ValueError(
+                f"model_loading_config.model_type is {self.model_type!r}, which runs "
+                f"checkpoints of model_type {', '.join(family)}, but {self.model_name_or_path} "
+                f"is model_type {checkpoint_model_type!r}"
+            )
 
 
 class BatcherConfig(_Section):
@@ -90,8 +150,7 @@ class EngineConfig(_Section):
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         loading = self.model_loading_config
-        is_gguf = bool(loading.gguf_file) or loading.model_name_or_path.lower().endswith(".gguf")
-        if loading.quantize_method == "gptq" and is_gguf:
+        if loading.quantize_method == "gptq" and loading.gguf_path is not None:
             raise ValueError(
                 "model_loading_config.quantize_method: gptq needs a GPTQ folder, not a GGUF file"
             )
