@@ -15,6 +15,7 @@ from server.common.openai_routes import build_openai_router
 from server.common.request_context import RequestContextMiddleware
 from server.common.service import GenerationService, ServingSettings
 from utils.errors import install_error_handlers
+from utils.request_id import RequestIdMiddleware
 
 
 class _RequestCounter:
@@ -60,7 +61,8 @@ def create_server_app(
     app.state.service = service
     install_error_handlers(app)
     app.add_middleware(_RequestCounter, metrics=metrics)
-    app.add_middleware(RequestContextMiddleware)  # outermost: sees every answer
+    app.add_middleware(RequestContextMiddleware)  # sees every answer
+    app.add_middleware(RequestIdMiddleware)  # outermost: the id is there for everything inside
     app.include_router(build_native_router(service))
     app.include_router(build_openai_router(service))
     return app

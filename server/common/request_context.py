@@ -1,10 +1,9 @@
 """One HTTP request as the server sees it: its id, its body parsed once, its closing log line.
 
-The gateway sends ``X-Request-ID``; a usable one (1-128 printable ASCII characters) is kept,
-anything else is replaced by a generated id. Either way the id comes back in the answer's
-``X-Request-ID`` header (streams too) and starts the one INFO line logged when a POST request
-finishes: endpoint, status, response id, prompt and completion tokens, finish reasons or the
-error, and duration.
+The gateway sends ``X-Request-ID``; ``utils.request_id`` keeps a usable one (else makes one
+up) and returns it in the answer's ``X-Request-ID`` header (streams too). Here it starts the
+one INFO line logged when a POST request finishes: endpoint, status, response id, prompt and
+completion tokens, finish reasons or the error, and duration.
 """
 
 from __future__ import annotations
@@ -17,11 +16,10 @@ from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
-from starlette.datastructures import Headers, MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.generation import FinishReason
-from utils.request_id import REQUEST_ID_HEADER, new_request_id, sane_request_id
+from utils.request_id import new_request_id
 
 _MAX_ERROR_BODY_BYTES = 4096  # error answers are one small JSON object
 
@@ -94,8 +92,9 @@ def _error_message(body: bytes) -> str | None:
 
 
 class RequestContextMiddleware:
-    """Pure ASGI (streaming and disconnects intact): request id in, request id out, one log
-    line per finished POST."""
+    """Pure ASGI (streaming and disconnects intact): one log line per finished POST, under
+    the id that ``utils.request_id.RequestIdMiddleware`` (installed outside this one) gave
+    the request and returns in the answer."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -104,15 +103,13 @@ class RequestContextMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        sent_id = Headers(scope=scope).get(REQUEST_ID_HEADER)
-        request_id = sane_request_id(sent_id) or new_request_id()
-        record = RequestRecord(request_id, scope["path"])
-        scope.setdefault("state", {})["record"] = record
+        state = scope.setdefault("state", {})
+        record = RequestRecord(state.get("request_id") or new_request_id(), scope["path"])
+        state["record"] = record
         error_body = bytearray()
 
         async def send_with_id(message: Message) -> None:
             if message["type"] == "http.response.start":
-                MutableHeaders(scope=message)[REQUEST_ID_HEADER] = request_id
                 record.status = message["status"]
             elif message["type"] == "http.response.body" and (record.status or 0) >= 400:
                 error_body.extend(message.get("body", b"")[:_MAX_ERROR_BODY_BYTES])
