@@ -16,8 +16,7 @@ from protocol.generation import (
 from protocol.health import HealthResponse
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import GenerationService, Job, new_request_id
-from utils.http import prime, run_unless_disconnected, sse_response
+from server.common.service import GenerationService, Job, answer_job, new_request_id
 from utils.sse import encode_event
 
 
@@ -55,19 +54,22 @@ def build_native_router(service: GenerationService) -> APIRouter:
     async def generate(request: Request) -> Response:
         body = await parse_body(request, GenerateRequest)
         job = _native_job(service, body, request_record(request))
-        if body.stream:
-            deltas = await prime(service.iter_deltas(job))
-            return sse_response(_native_events(service, job, deltas))
-        results = await run_unless_disconnected(request, service.collect(job))
-        response = GenerateResponse(
-            id=job.request_id,
-            model=service.model_id,
-            choices=[
-                Choice(index=r.index, text=r.text, finish_reason=r.finish_reason) for r in results
-            ],
-            usage=job.usage(sum(r.num_tokens for r in results)),
+        return await answer_job(
+            request,
+            service,
+            job,
+            body.stream,
+            lambda deltas: _native_events(service, job, deltas),
+            lambda results: GenerateResponse(
+                id=job.request_id,
+                model=service.model_id,
+                choices=[
+                    Choice(index=r.index, text=r.text, finish_reason=r.finish_reason)
+                    for r in results
+                ],
+                usage=job.usage(sum(r.num_tokens for r in results)),
+            ),
         )
-        return Response(response.model_dump_json(), media_type="application/json")
 
     @router.get("/health", response_model=HealthResponse)
     async def health() -> HealthResponse:

@@ -26,9 +26,8 @@ from protocol.openai_api import (
 )
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import GenerationService, Job, new_request_id
+from server.common.service import GenerationService, Job, answer_job, new_request_id
 from utils.errors import APIError, validation_api_error
-from utils.http import prime, run_unless_disconnected, sse_response
 from utils.sse import encode_event
 
 
@@ -139,10 +138,6 @@ async def _chat_events(
         )
 
 
-def _json(model: CompletionResponse | ChatCompletionResponse) -> Response:
-    return Response(model.model_dump_json(), media_type="application/json")
-
-
 def build_openai_router(service: GenerationService) -> APIRouter:
     """Routes of the OpenAI-compatible API over ``service``."""
     router = APIRouter(prefix="/v1")
@@ -151,12 +146,13 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         job = _completion_job(service, body, request_record(request))
-        if body.stream:
-            deltas = await prime(service.iter_deltas(job))
-            return sse_response(_completion_events(service, job, deltas, body.is_usage_streamed))
-        results = await run_unless_disconnected(request, service.collect(job))
-        return _json(
-            CompletionResponse(
+        return await answer_job(
+            request,
+            service,
+            job,
+            body.stream,
+            lambda deltas: _completion_events(service, job, deltas, body.is_usage_streamed),
+            lambda results: CompletionResponse(
                 id=job.request_id,
                 model=service.model_id,
                 choices=[
@@ -164,19 +160,20 @@ def build_openai_router(service: GenerationService) -> APIRouter:
                     for r in results
                 ],
                 usage=_usage(job, sum(r.num_tokens for r in results)),
-            )
+            ),
         )
 
     @router.post("/chat/completions", response_model=ChatCompletionResponse)
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         job = _chat_job(service, body, request_record(request))
-        if body.stream:
-            deltas = await prime(service.iter_deltas(job))
-            return sse_response(_chat_events(service, job, deltas, body.is_usage_streamed))
-        results = await run_unless_disconnected(request, service.collect(job))
-        return _json(
-            ChatCompletionResponse(
+        return await answer_job(
+            request,
+            service,
+            job,
+            body.stream,
+            lambda deltas: _chat_events(service, job, deltas, body.is_usage_streamed),
+            lambda results: ChatCompletionResponse(
                 id=job.request_id,
                 model=service.model_id,
                 choices=[
@@ -188,7 +185,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
                     for r in results
                 ],
                 usage=_usage(job, sum(r.num_tokens for r in results)),
-            )
+            ),
         )
 
     @router.get("/models", response_model=ModelList)

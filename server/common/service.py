@@ -10,8 +10,12 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+
+from fastapi import Request
+from fastapi.responses import Response
+from pydantic import BaseModel
 
 from protocol.generation import FinishReason, GenerationConfig, Usage
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
@@ -19,6 +23,7 @@ from server.common.metrics import ServerMetrics
 from server.common.prompting import PromptProcessor
 from server.common.request_context import RequestRecord
 from utils.errors import APIError
+from utils.http import prime, run_unless_disconnected, sse_response
 
 
 @dataclass
@@ -228,3 +233,21 @@ class GenerationService:
             if delta.finish_reason is not None:
                 result.finish_reason = delta.finish_reason
         return [results[i] for i in sorted(results)]
+
+
+async def answer_job(
+    request: Request,
+    service: GenerationService,
+    job: Job,
+    is_stream: bool,
+    events: Callable[[AsyncIterator[TextDelta]], AsyncIterator[bytes]],
+    whole: Callable[[list[ChoiceResult]], BaseModel],
+) -> Response:
+    """The HTTP answer of ``job`` in an API's shape: a primed SSE stream of ``events`` (errors
+    before the first token still get a JSON error status), or the ``whole`` answer once every
+    choice is done (cancelled if the caller goes away first)."""
+    if is_stream:
+        deltas = await prime(service.iter_deltas(job))
+        return sse_response(events(deltas))
+    results = await run_unless_disconnected(request, service.collect(job))
+    return Response(whole(results).model_dump_json(), media_type="application/json")
