@@ -5,14 +5,11 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from utils.request_id import new_request_id
-
-if TYPE_CHECKING:
-    from client.backends.base import Backend, Plan
 
 #: Where a request may go: ``auto`` (our servers and Triton servers, then the OpenAI jumpers as
 #: a fallback), ``local`` (never to a jumper) or ``openai`` (the jumpers only). Callers choose
@@ -45,8 +42,9 @@ class GatewayRequest:
     received_at: float = field(default_factory=time.monotonic)
     #: ``backend:outcome`` of each attempt so far, for the request's log line.
     attempts: list[str] = field(default_factory=list, repr=False)
-    #: Each asked backend's plan for this request (see ``Backend.plan_for``).
-    plans: dict[Backend, Plan] = field(default_factory=dict, repr=False)
+    #: Each asked backend's plan for this request: backend -> ``client.backends.base.Plan``,
+    #: kept by ``Backend.plan_for`` (typed loosely so that this module imports no backend).
+    plans: dict[object, object] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if not self.body:  # built in code (tests, translations) rather than received

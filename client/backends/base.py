@@ -135,7 +135,7 @@ class Backend:
         """:meth:`plan`, worked out once per request and backend (kept on the request, so
         routing, failover and the attempt share the translation it built)."""
         plan = request.plans.get(self)
-        if plan is None:
+        if not isinstance(plan, Plan):
             plan = request.plans[self] = self.plan(request)
         return plan
 
