@@ -30,7 +30,8 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, Request
-from fastapi.responses import Response
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from client.config.schema import ClientConfig
 from client.gateway import BackendTable, Gateway, GatewayHealth
@@ -87,6 +88,18 @@ async def backends(request: Request) -> BackendTable:
     return gateway_of(request).backend_table()
 
 
+@routes.get("/openapi.json", include_in_schema=False)
+async def openapi_schema(request: Request) -> JSONResponse:
+    """The OpenAPI schema; behind the caller keys like the API it describes."""
+    return JSONResponse(request.app.openapi())
+
+
+@routes.get("/docs", include_in_schema=False)
+async def docs() -> HTMLResponse:
+    """Swagger UI over ``/openapi.json`` (with ``api_keys`` set, both need a key)."""
+    return get_swagger_ui_html(openapi_url="/openapi.json", title="LLM serving suite gateway")
+
+
 @open_routes.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition."""
@@ -111,7 +124,15 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
         finally:
             await gateway.stop()
 
-    app = FastAPI(title="LLM serving suite gateway", version="0.1.0", lifespan=lifespan)
+    # The docs routes are ours (in ``routes``): FastAPI's own would skip the caller keys.
+    app = FastAPI(
+        title="LLM serving suite gateway",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
     app.state.gateway = gateway
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)

@@ -13,13 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 FinishReason = Literal["stop", "length", "abort"]
 
 MAX_STOP_STRINGS = 16
+#: Below this temperature, sampling is greedy decoding (as in vLLM): dividing logits by a
+#: vanishing temperature overflows them to inf/NaN and samples garbage, or nothing.
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 
 class GenerationConfig(BaseModel):
     """Per-request decoding parameters (Hugging Face names and meanings).
 
     ``max_new_tokens`` left unset means "as many as the server's default allows".
-    ``temperature == 0`` with ``do_sample`` is treated as greedy decoding, as OpenAI does.
+    A ``temperature`` below ``MIN_SAMPLING_TEMPERATURE`` (0 included) with ``do_sample`` is
+    treated as greedy decoding, as OpenAI and vLLM do.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -66,8 +70,8 @@ class GenerationConfig(BaseModel):
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
                 f"({self.max_new_tokens})"
             )
-        if self.do_sample and self.temperature == 0.0:
-            # OpenAI semantics: temperature 0 is greedy.
+        if self.do_sample and self.temperature < MIN_SAMPLING_TEMPERATURE:
+            # OpenAI semantics: temperature 0 is greedy (and so is one too small to divide by).
             self.do_sample = False
         if self.num_beams > 1:
             if self.do_sample:

@@ -13,7 +13,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from protocol.generation import ChatMessage, GenerateRequest, GenerationConfig
+from protocol.generation import (
+    MIN_SAMPLING_TEMPERATURE,
+    ChatMessage,
+    GenerateRequest,
+    GenerationConfig,
+)
 
 OpenAIFinishReason = Literal["stop", "length", "abort"]
 
@@ -81,7 +86,7 @@ class _SamplingFields(BaseModel):
         num_beams = 1
         if self.use_beam_search:
             num_beams = max(self.best_of or self.n, self.n)
-        do_sample = num_beams == 1 and temperature > 0.0
+        do_sample = num_beams == 1 and temperature >= MIN_SAMPLING_TEMPERATURE
         return GenerationConfig(
             max_new_tokens=self._max_tokens(),
             min_new_tokens=self.min_tokens,

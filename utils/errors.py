@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import logging
+from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from protocol import errors as error_types
 from protocol.errors import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
 
 _TYPE_BY_STATUS = {
     400: error_types.INVALID_REQUEST,
@@ -89,6 +92,24 @@ def validation_api_error(exc: ValidationError | RequestValidationError) -> APIEr
     """A 400 naming the fields that failed validation."""
     message, param = describe_validation_error(exc)
     return APIError(400, message, param=param or None)
+
+
+def parse_json_body(body: bytes, schema: type[ModelT]) -> ModelT:
+    """``body`` validated straight into ``schema`` (no intermediate dict); 400 naming the
+    problem otherwise: not JSON (lone UTF-16 surrogate escapes and nesting deeper than the
+    parser's recursion limit included), not an object, or the fields that failed."""
+    try:
+        return schema.model_validate_json(body)
+    except ValidationError as exc:
+        errors = exc.errors()
+        if errors and errors[0]["type"] == "json_invalid":
+            reason = str(errors[0].get("ctx", {}).get("error", errors[0]["msg"]))
+            if "hex escape" in reason or "surrogate" in reason:
+                reason += " (a lone UTF-16 surrogate escape such as \\ud800 is not text)"
+            raise APIError(400, f"the request body is not valid JSON: {reason}") from None
+        if errors and errors[0]["type"] == "model_type" and not errors[0]["loc"]:
+            raise APIError(400, "the request body must be a JSON object") from None
+        raise validation_api_error(exc) from None
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -2,23 +2,19 @@
 
 from __future__ import annotations
 
-import json
 import time
-from typing import TypeVar, get_args
+from typing import get_args
 
 from fastapi import Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ValidationError
 
 from client.forwarding.failover import FORWARDED_REQUEST_HEADERS
 from client.gateway import Gateway
 from client.gateway_request import GatewayRequest, ParsedRequest, Route
 from client.intake.auth import check_caller
-from utils.errors import APIError, validation_api_error
+from utils.errors import APIError, parse_json_body
 from utils.http import run_unless_disconnected
 from utils.request_id import request_id_of
-
-RequestT = TypeVar("RequestT", bound=BaseModel)
 
 #: Header with which a caller restricts where its request may go.
 ROUTE_HEADER = "x-llm-route"
@@ -66,20 +62,6 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-def validate(body: bytes, schema: type[RequestT]) -> RequestT:
-    """Parse and validate the body; 400 naming the offending field on failure."""
-    try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise APIError(400, f"the request body is not valid JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise APIError(400, "the request body must be a JSON object")
-    try:
-        return schema.model_validate(data)
-    except ValidationError as exc:
-        raise validation_api_error(exc) from None
-
-
 def count_rejected(request: Request, endpoint: str, received_at: float) -> None:
     """Count a request the gateway refused before any attempt."""
     metrics = gateway_of(request).metrics
@@ -97,7 +79,7 @@ async def forward(request: Request, endpoint: str, schema: type[ParsedRequest]) 
     try:
         route = route_of(request)
         body = await read_body(request, gateway_of(request).config.max_request_bytes)
-        parsed = validate(body, schema)
+        parsed = parse_json_body(body, schema)
     except APIError:
         count_rejected(request, endpoint, received_at)
         raise

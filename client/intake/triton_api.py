@@ -28,7 +28,6 @@ from client.intake.forward import (
     read_body,
     require_caller_key,
     route_of,
-    validate,
 )
 from protocol.generation import GenerateResponse, GenerateStreamChunk
 from protocol.triton import (
@@ -36,7 +35,7 @@ from protocol.triton import (
     triton_response,
     triton_stream_response,
 )
-from utils.errors import APIError
+from utils.errors import APIError, parse_json_body
 from utils.sse import SSE_MEDIA_TYPE, SSEDataSplitter, encode_event
 
 #: The native endpoint Triton requests are routed as.
@@ -115,7 +114,7 @@ async def _generate(request: Request, model: str, *, is_stream_endpoint: bool) -
     try:
         route = route_of(request)
         body = await read_body(request, gateway_of(request).config.max_request_bytes)
-        triton_request = validate(body, TritonGenerateRequest)
+        triton_request = parse_json_body(body, TritonGenerateRequest)
         native = triton_request.to_generate_request(
             _gateway_model(request, model), streaming_endpoint=is_stream_endpoint
         )

@@ -19,6 +19,7 @@ from pydantic import BaseModel
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.generation import FinishReason
+from utils.errors import parse_json_body
 from utils.request_id import new_request_id
 
 _MAX_ERROR_BODY_BYTES = 4096  # error answers are one small JSON object
@@ -80,8 +81,8 @@ def request_record(request: Request) -> RequestRecord:
 
 async def parse_body(request: Request, schema: type[BodyT]) -> BodyT:
     """Validate the raw body straight into ``schema``: pydantic parses the JSON itself, so the
-    request never exists as a dict. A ``ValidationError`` answers 400 naming the field."""
-    return schema.model_validate_json(await request.body())
+    request never exists as a dict; 400 naming the problem otherwise."""
+    return parse_json_body(await request.body(), schema)
 
 
 def _error_message(body: bytes) -> str | None:

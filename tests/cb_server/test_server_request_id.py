@@ -4,34 +4,17 @@ from __future__ import annotations
 
 import logging
 import re
-import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
 
-from server.common.app import create_server_app
-from server.common.service import ServingSettings
-from server.continuous_batching.async_engine import AsyncEngine
-from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
-from tests.support.default_model import MODEL_ID, engine_config
+from tests.support.default_model import MODEL_ID
 from tests.support.servers import ServerThread
+from tests.support.waiting import wait_until
 from utils.request_id import REQUEST_ID_HEADER, sane_request_id
 
 LOGGER = "server.common.request_context"
 GENERATED_ID = re.compile(r"[0-9a-f]{32}")
-
-
-@pytest.fixture(scope="module")
-def cb_server(default_model_path: Path, cb_runner: ModelRunner) -> Iterator[ServerThread]:
-    """A CB server over the shared model, as tests/test_cb_server.py builds it."""
-    engine = LLMEngine(engine_config(default_model_path, num_blocks=64), runner=cb_runner)
-    settings = ServingSettings(served_model_names=[MODEL_ID], default_max_new_tokens=8)
-    server = ServerThread(create_server_app(AsyncEngine(engine, MODEL_ID), settings))
-    yield server.start(timeout_seconds=60)
-    server.stop()
 
 
 @pytest.fixture
@@ -42,14 +25,15 @@ def log_lines(caplog: pytest.LogCaptureFixture) -> pytest.LogCaptureFixture:
 
 def finish_line(caplog: pytest.LogCaptureFixture, request_id: str) -> str:
     """The request's closing log line; it is written just after the answer's last byte."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def line() -> str | None:
         for record in list(caplog.records):
             message = record.getMessage()
             if record.name == LOGGER and message.startswith(f"request_id={request_id} "):
                 return message
-        time.sleep(0.01)
-    raise AssertionError(f"no log line for request {request_id}")
+        return None
+
+    return wait_until(line, 10, message=f"the log line of request {request_id}")
 
 
 def test_request_id_is_echoed_and_logged(cb_server: ServerThread, log_lines) -> None:

@@ -193,6 +193,8 @@ def test_caller_api_keys(pair: Callable) -> None:
             ("GET", "/v1/models"),
             ("POST", "/generate"),
             ("GET", "/backends"),
+            ("GET", "/openapi.json"),
+            ("GET", "/docs"),
         ):
             response = http.request(method, path, json=CHAT, headers=headers)
             assert response.status_code == 401, (path, headers)
@@ -203,6 +205,10 @@ def test_caller_api_keys(pair: Callable) -> None:
     )
     assert ok.status_code == 200
     assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
+    key = {"authorization": "Bearer caller-key-1"}
+    schema = http.get("/openapi.json", headers=key)
+    assert schema.status_code == 200 and "/v1/chat/completions" in schema.json()["paths"]
+    assert "swagger" in http.get("/docs", headers=key).text.lower()
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="caller-key-1", max_retries=0)
     assert client.chat.completions.create(**CHAT).choices[0].message.content.startswith("[")
     with pytest.raises(openai.AuthenticationError, match="API key is not valid"):

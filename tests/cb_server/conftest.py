@@ -1,0 +1,27 @@
+"""A small CB server over the session's model, shared by the tests of this folder that need
+no special settings (modules may define their own ``cb_server``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from server.common.app import create_server_app
+from server.common.service import ServingSettings
+from server.continuous_batching.async_engine import AsyncEngine
+from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.model_runner import ModelRunner
+from tests.support.default_model import MODEL_ID, engine_config
+from tests.support.servers import ServerThread
+
+
+@pytest.fixture(scope="module")
+def cb_server(default_model_path: Path, cb_runner: ModelRunner) -> Iterator[ServerThread]:
+    """A CB server (64 blocks, 8 new tokens by default) over the shared model."""
+    engine = LLMEngine(engine_config(default_model_path, num_blocks=64), runner=cb_runner)
+    settings = ServingSettings(served_model_names=[MODEL_ID], default_max_new_tokens=8)
+    server = ServerThread(create_server_app(AsyncEngine(engine, MODEL_ID), settings))
+    yield server.start(timeout_seconds=60)
+    server.stop()
