@@ -55,13 +55,16 @@ class PromptProcessor:
         """Tokenize ``prompt``; a rendered chat prompt already holds its special tokens."""
         return list(self.tokenizer.encode(prompt, add_special_tokens=not is_chat))
 
-    def check_token_ids(self, token_ids: list[int]) -> list[int]:
-        """Validate a prompt given as token ids."""
+    def check_token_ids(self, token_ids: list[int], field: str = "prompt") -> list[int]:
+        """Validate token ids a request gives (a prompt, stop tokens): each must be in the
+        vocabulary, or the engine would index past its logits."""
         vocab_size = len(self.tokenizer)
         bad = [t for t in token_ids if not 0 <= t < vocab_size]
         if bad:
             raise APIError(
-                400, f"prompt token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})"
+                400,
+                f"{field} token id {bad[0]} is outside the vocabulary (0..{vocab_size - 1})",
+                param=field,
             )
         return token_ids
 

@@ -120,6 +120,7 @@ class GenerationService:
         limit (one prompt, or an explicit ``max_new_tokens``) it is set in place and shared;
         only prompts of different lengths without a limit get a copy each.
         """
+        self.prompts.check_token_ids(config.stop_token_ids, "stop_token_ids")
         limits = [self.prompts.max_new_tokens_for(len(ids), config) for ids in prompts]
         if len(set(limits)) == 1:
             config.max_new_tokens = limits[0]

@@ -76,3 +76,25 @@ def test_a_vanishing_temperature_is_greedy(cb_server: ServerThread, gateway: str
     assert native(do_sample=True, temperature=1e-300) == greedy
     assert native(do_sample=True, temperature=1e-7, seed=3) == greedy
     assert completion(1e-300) == completion(0.0) == greedy
+
+
+@pytest.mark.parametrize("token_id", [49_152 + 5, 10**30, -1])
+def test_stop_token_ids_outside_the_vocabulary_are_400(
+    cb_server: ServerThread, gateway: str, token_id: int
+) -> None:
+    native = {
+        "prompt": "Hi",
+        "generation_config": {"stop_token_ids": [2, token_id], "min_new_tokens": 2},
+    }
+    openai_body = {
+        "model": MODEL_ID,
+        "prompt": "Hi",
+        "stop_token_ids": [token_id],
+        "min_tokens": 2,
+        "max_tokens": 4,
+    }
+    for url in (cb_server.url, gateway):
+        for endpoint, body in (("/generate", native), ("/v1/completions", openai_body)):
+            response = httpx.post(url + endpoint, json=body, timeout=30)
+            _assert_400(response, f"stop_token_ids token id {token_id} is outside the vocabulary")
+            assert response.json()["error"]["param"] == "stop_token_ids"
