@@ -12,6 +12,9 @@ OVERLOADED = "overloaded_error"
 TIMEOUT = "timeout_error"
 UPSTREAM = "upstream_error"
 INTERNAL = "internal_error"
+#: A request failed inside the server because of what it holds, the server itself is fine:
+#: gateways neither retry it elsewhere nor count it against the server.
+REQUEST_FAILED = "request_failed_error"
 
 
 class ErrorDetail(BaseModel):

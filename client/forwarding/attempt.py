@@ -25,6 +25,7 @@ from client.config.schema import ClientConfig
 from client.forwarding.stream_relay import StreamRelay, returned_headers
 from client.gateway_request import GatewayRequest
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
+from protocol import errors as error_types
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -240,10 +241,12 @@ class AttemptRunner:
             lease.release()
             backend.on_overloaded(_retry_after(response), self.config.jumper_cooldown_seconds)
             raise Retryable("overloaded", answer)
-        if status in FAILURE_STATUSES:
+        if status in FAILURE_STATUSES and not _is_request_failure(body):
             lease.release(is_failure=True)
             raise Retryable("server_error", answer)
-        lease.release(is_failure=False)  # a 4xx is the request's fault, not the server's
+        # A 4xx, or a failure the server says was this request's own: the request's fault, not
+        # the server's (another server would fail it the same way).
+        lease.release(is_failure=False)
         self.finish(request, outcome_of_status(status), backend)
         return answer
 
@@ -320,6 +323,15 @@ class AttemptRunner:
             time.monotonic() - request.received_at,
             ", ".join(request.attempts) or "none",
         )
+
+
+def _is_request_failure(body: bytes) -> bool:
+    """True when an error body says the request failed alone (``request_failed_error``)."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("type") == error_types.REQUEST_FAILED
 
 
 def _retry_after(response: httpx.Response) -> float | None:

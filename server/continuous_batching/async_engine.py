@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import Future
 from typing import Any
 
+from protocol import errors as error_types
 from protocol.health import LoadReport, ServerKind
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.compute_thread import ComputeThread
@@ -141,7 +142,7 @@ class AsyncEngine(GenerationBackend):
                     self._fail_all(APIError(500, f"generation failed: {type(exc).__name__}"))
                     continue
                 for output in outputs:
-                    self._deliver(output.request_id, output)
+                    self._deliver(output.request_id, _failure(output) or output)
 
     def _apply(self, command: str, payload: Any) -> None:
         if command == "abort":
@@ -161,3 +162,14 @@ class AsyncEngine(GenerationBackend):
         for request_id in list(self.engine.groups):
             self.engine.abort(request_id)
             self._deliver(request_id, error)
+
+
+def _failure(output: RequestOutput) -> APIError | None:
+    """The error for a request that failed alone in the engine step (None: it did not)."""
+    if output.error is None:
+        return None
+    return APIError(
+        500,
+        f"generation failed for this request ({output.error}); other requests are unaffected",
+        error_type=error_types.REQUEST_FAILED,
+    )

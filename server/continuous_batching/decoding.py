@@ -4,6 +4,7 @@ one batch), fork samples and beams, apply stop rules, and turn tokens into text 
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,11 +20,22 @@ from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 @dataclass
 class RequestOutput:
-    """What one step produced for one request."""
+    """What one step produced for one request (``error``: it failed alone, and is over)."""
 
     request_id: str
     deltas: list[TextDelta] = field(default_factory=list)
     is_finished: bool = False
+    error: str | None = None
+
+
+@dataclass
+class _PreparedRows:
+    """One plain group ready to sample: its logits rows, their parameters, their sequences."""
+
+    entry: _GroupRows
+    row_index: list[int]
+    params: list[RowParams]
+    seqs: list[Sequence]
 
 
 @dataclass
@@ -33,6 +45,9 @@ class _GroupRows:
     group: SequenceGroup
     seqs: list[Sequence]
     rows: list[int] = field(default_factory=list)
+
+
+logger = logging.getLogger(__name__)
 
 
 class Decoder:
@@ -85,45 +100,93 @@ class Decoder:
             row += len(seqs)
             (beams if group.is_beam_search else plain).append(entry)
         outputs = self._decode_plain(plain, logits) if plain else []
-        outputs += [self._decode_beams(entry, logits) for entry in beams]
+        for entry in beams:
+            try:
+                outputs.append(self._decode_beams(entry, logits))
+            except Exception as exc:  # this request's fault (or a bug it hit): it alone ends
+                outputs.append(self._fail(entry.group, exc))
         return outputs
+
+    def _fail(self, group: SequenceGroup, exc: Exception) -> RequestOutput:
+        """End ``group`` after an exception in its own preparation or sampling: its blocks
+        are freed and its open choices end as ``abort``, with the error; the batch goes on."""
+        logger.exception("request %s failed in the engine step; the others go on", group.request_id)
+        num_choices = group.config.num_return_sequences
+        finished = {seq.choice_index for seq in group.seqs if seq.is_finished}
+        for seq in group.seqs:
+            self.block_manager.free(seq)
+            if not seq.is_finished:
+                seq.finish_reason = "abort"
+        deltas = [
+            TextDelta(index=i, text="", num_new_tokens=0, finish_reason="abort")
+            for i in range(num_choices)
+            if group.is_beam_search or i not in finished
+        ]
+        return RequestOutput(
+            group.request_id, deltas, is_finished=True, error=f"{type(exc).__name__}: {exc}"
+        )
 
     # -- greedy and sampling --------------------------------------------------------------
     def _decode_plain(self, entries: list[_GroupRows], logits: torch.Tensor) -> list[RequestOutput]:
-        row_index: list[int] = []
-        params: list[RowParams] = []
-        targets: list[tuple[_GroupRows, Sequence]] = []
+        """One token for every plain row, sampled in one batch. A request whose preparation,
+        sampling or stop rules raise fails alone (see :meth:`_fail`)."""
+        outputs: list[RequestOutput] = []
+        prepared: list[_PreparedRows] = []
         for entry in entries:
-            group = entry.group
-            num_choices = group.config.num_return_sequences
-            if len(entry.seqs) == 1 and entry.seqs[0].num_generated == 0 and num_choices > 1:
-                # First token of n samples: the prompt's logits row serves every choice.
-                parent = entry.seqs[0]
-                children = self._fork(group, parent, num_choices)
-                row_index += entry.rows * num_choices
-                params += [self._row(group, parent)] * num_choices
-                targets += [(entry, child) for child in children]
+            try:
+                prepared.append(self._prepare(entry))
+            except Exception as exc:
+                outputs.append(self._fail(entry.group, exc))
+        for rows, tokens in self._sample_each(prepared, logits, outputs):
+            output = RequestOutput(rows.entry.group.request_id)
+            try:
+                for seq, token in zip(rows.seqs, tokens, strict=True):
+                    output.deltas.append(self._append(rows.entry.group, seq, token))
+            except Exception as exc:
+                outputs.append(self._fail(rows.entry.group, exc))
                 continue
-            for seq, r in zip(entry.seqs, entry.rows, strict=True):
-                row_index.append(r)
-                params.append(self._row(group, seq))
-                targets.append((entry, seq))
-        if row_index == list(range(logits.shape[0])):
-            selected = logits
-        else:
-            selected = logits[torch.tensor(row_index, device=logits.device)]
-        tokens = sample(selected, params).tolist()
-        by_request: dict[str, RequestOutput] = {}
-        for (entry, seq), token in zip(targets, tokens, strict=True):
-            output = by_request.setdefault(
-                entry.group.request_id, RequestOutput(entry.group.request_id)
-            )
-            output.deltas.append(self._append(entry.group, seq, token))
-        for entry in entries:
-            group = entry.group
-            output = by_request[group.request_id]
-            output.is_finished = all(s.is_finished for s in group.seqs)
-        return list(by_request.values())
+            output.is_finished = all(s.is_finished for s in rows.entry.group.seqs)
+            outputs.append(output)
+        return outputs
+
+    def _prepare(self, entry: _GroupRows) -> _PreparedRows:
+        group = entry.group
+        num_choices = group.config.num_return_sequences
+        if len(entry.seqs) == 1 and entry.seqs[0].num_generated == 0 and num_choices > 1:
+            # First token of n samples: the prompt's logits row serves every choice.
+            parent = entry.seqs[0]
+            params = [self._row(group, parent)] * num_choices
+            children = self._fork(group, parent, num_choices)
+            return _PreparedRows(entry, entry.rows * num_choices, params, children)
+        params = [self._row(group, seq) for seq in entry.seqs]
+        return _PreparedRows(entry, list(entry.rows), params, list(entry.seqs))
+
+    def _sample_each(
+        self, prepared: list[_PreparedRows], logits: torch.Tensor, failed: list[RequestOutput]
+    ) -> list[tuple[_PreparedRows, list[int]]]:
+        """The tokens of each prepared group: one batched ``sample`` for all of them; if that
+        raises, each group alone, so that only the group at fault fails (into ``failed``)."""
+        if not prepared:
+            return []
+        row_index = [r for rows in prepared for r in rows.row_index]
+        params = [p for rows in prepared for p in rows.params]
+        try:
+            tokens = sample(_select(logits, row_index), params).tolist()
+        except Exception:
+            results = []
+            for rows in prepared:
+                try:
+                    mine = sample(_select(logits, rows.row_index), rows.params).tolist()
+                except Exception as exc:
+                    failed.append(self._fail(rows.entry.group, exc))
+                    continue
+                results.append((rows, mine))
+            return results
+        results, start = [], 0
+        for rows in prepared:
+            results.append((rows, tokens[start : start + len(rows.row_index)]))
+            start += len(rows.row_index)
+        return results
 
     def _fork(self, group: SequenceGroup, parent: Sequence, num: int) -> list[Sequence]:
         children = []
@@ -217,3 +280,10 @@ class Decoder:
                 )
             )
         return deltas
+
+
+def _select(logits: torch.Tensor, row_index: list[int]) -> torch.Tensor:
+    """The logits rows ``row_index`` (all of them, in order, without a copy when possible)."""
+    if row_index == list(range(logits.shape[0])):
+        return logits
+    return logits[torch.tensor(row_index, device=logits.device)]

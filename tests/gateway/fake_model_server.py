@@ -51,6 +51,8 @@ class FakeServerSettings:
     is_health_failing: bool = False
     #: When given, generation endpoints answer this HTTP status with the error shape.
     fail_status: int | None = None
+    #: The error type of those answers.
+    fail_type: str = "fake_error"
     #: Like an OpenAI upstream: these bearer keys get this status (e.g. 429 for a spent key).
     fail_status_by_key: dict[str, int] = field(default_factory=dict)
     # Observations.
@@ -73,8 +75,8 @@ class FakeServerSettings:
         return "".join(self.pieces())
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    body = {"error": {"type": "fake_error", "message": message, "code": status, "param": None}}
+def _error(status: int, message: str, error_type: str = "fake_error") -> JSONResponse:
+    body = {"error": {"type": error_type, "message": message, "code": status, "param": None}}
     return JSONResponse(body, status_code=status, headers={"Retry-After": "7"})
 
 
@@ -179,7 +181,7 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
         settings.authorizations.append(authorization)
         settings.request_ids.append(request.headers.get("x-request-id", ""))
         if settings.fail_status is not None:
-            return _error(settings.fail_status, "failing (on purpose)")
+            return _error(settings.fail_status, "failing (on purpose)", settings.fail_type)
         key_status = settings.fail_status_by_key.get(authorization.removeprefix("Bearer "))
         if key_status is not None:
             # Real upstreams echo (part of) the key in some errors: the gateway must scrub it.

@@ -59,6 +59,20 @@ def pair(tmp_path: Path) -> Iterator[Callable[..., tuple[ServerThread, list[Fake
     stop_all(*started)
 
 
+def test_a_request_failing_alone_is_neither_retried_nor_held_against_its_server(
+    pair: Callable,
+) -> None:
+    gateway, (a, b) = pair(balancing_policy="round_robin", circuit_breaker_failures=2)
+    a.fail_status, a.fail_type = 500, "request_failed_error"
+    statuses = [gateway.http.post("/v1/chat/completions", json=CHAT).status_code for _ in range(6)]
+    # Every other request goes to A first and gets A's answer: not retried on B...
+    assert statuses.count(500) == 3 and statuses.count(200) == 3
+    assert len(a.requests) == 3 and len(b.requests) == 3
+    # ... and A stays in rotation: its circuit counts no failure.
+    row = gateway.http.get("/backends").json()["backends"][0]
+    assert row["circuit"] == "closed" and row["num_failures"] == 0
+
+
 def test_server_errors_are_retried_elsewhere_and_open_the_circuit(pair: Callable) -> None:
     gateway, (a, b) = pair(balancing_policy="round_robin", circuit_breaker_failures=3)
     a.fail_status = 500
