@@ -11,9 +11,15 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from pathlib import Path
 
 import pytest
 import torch
+
+from protocol.generation import GenerationConfig
+from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.model_runner import ModelRunner
+from tests.support.default_model import engine_config
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -168,3 +174,36 @@ def test_module_imports_without_triton(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_is_available_only_on_cuda() -> None:
     assert not tpa.is_available(torch.device("cpu"))
+
+
+def test_engine_decodes_through_the_kernels_like_the_torch_path(
+    default_model_path: Path, cb_runner: ModelRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole GPU decode path but the graph capture, on the real model: decode steps padded
+    to buckets, K/V written and attention read by the kernels (interpreted on a CPU), prefill
+    through torch. Greedy tokens must equal the plain torch engine's."""
+    if DEVICE.type == "cuda":
+        pytest.skip("the session's model runner lives on the CPU")
+    prompts = [[1, 504, 3458, 282, 4649, 314], [1, 7372, 2391, 253, 655, 28, 282], [1, 33]]
+    configs = [GenerationConfig(max_new_tokens=5)] * len(prompts)
+
+    def generate() -> list[list[int]]:
+        engine = LLMEngine(engine_config(default_model_path), runner=cb_runner)
+        results = engine.generate(prompts, configs)
+        return [[t for d in deltas for t in d.token_ids] for deltas in results]
+
+    expected = generate()
+    kernel_steps: list[int] = []
+    write_kv = tpa.write_kv_cache
+
+    def counting_write_kv(*args: torch.Tensor) -> None:
+        kernel_steps.append(args[0].shape[0])
+        write_kv(*args)
+
+    monkeypatch.setattr(tpa, "write_kv_cache", counting_write_kv)
+    monkeypatch.setattr(cb_runner.model, "attention_backend", "triton")
+    monkeypatch.setattr(cb_runner, "attention_backend", "triton")
+    monkeypatch.setattr(cb_runner, "is_padding_decodes", True)
+    assert generate() == expected
+    # 3 sequences -> bucket 4 (one dummy row), then fewer if one stops early.
+    assert 4 in kernel_steps and set(kernel_steps) <= {1, 2, 4}

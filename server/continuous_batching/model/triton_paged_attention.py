@@ -26,17 +26,17 @@ engine keeps the torch path.
 
 from __future__ import annotations
 
-import logging
+import importlib.util
 from types import ModuleType
 
 import torch
 
-try:
-    import triton
-except ImportError:  # the CPU-only install: the torch path is used
-    triton = None
+#: Whether triton is installed. It is imported only on the first kernel call: importing it
+#: decides, once, whether its kernels (and its standard library) are compiled or interpreted
+#: (``TRITON_INTERPRET=1``), and the engine imports this module long before any test can set
+#: that. The CPU-only install has no triton and runs the torch path.
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
-logger = logging.getLogger(__name__)
 
 #: Context tokens per partition (split-K). A multiple of every TOKEN_TILE used below.
 PARTITION_SIZE = 512
@@ -47,7 +47,7 @@ _MIN_DOT = 16
 
 def is_available(device: torch.device) -> bool:
     """True when these kernels can run natively on ``device`` (a CUDA device with Triton)."""
-    return triton is not None and device.type == "cuda"
+    return HAS_TRITON and device.type == "cuda"
 
 
 def _next_pow2(n: int) -> int:
@@ -56,7 +56,7 @@ def _next_pow2(n: int) -> int:
 
 def _kernels() -> ModuleType:
     """The kernel module, imported (and its kernels decorated) on first use."""
-    if triton is None:
+    if not HAS_TRITON:
         raise RuntimeError("triton is not installed: use the torch paged-attention path")
     from . import triton_kernels
 
@@ -94,7 +94,7 @@ def paged_decode_attention(
         out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    max_parts = triton.cdiv(max(1, max_context_len), PARTITION_SIZE)
+    max_parts = -(-max(1, max_context_len) // PARTITION_SIZE)
     is_single = max_parts == 1
     d_pad = max(_MIN_DOT, _next_pow2(head_dim))
     if is_single:  # the partial buffers are never touched: pass out as a placeholder
