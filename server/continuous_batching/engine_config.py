@@ -78,6 +78,11 @@ class ModelLoadingConfig(_Section):
         "ending in .gguf is loaded as GGUF too",
     )
     served_model_name: str | None = None
+    enforce_eager: bool = Field(
+        default=False,
+        description="never capture CUDA graphs (decode steps replay graphs only on cuda with "
+        "triton installed; a CPU always runs eagerly)",
+    )
 
     @field_validator("model_type", mode="before")
     @classmethod

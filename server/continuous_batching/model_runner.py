@@ -9,6 +9,13 @@ import logging
 import torch
 
 from server.continuous_batching.block_manager import BlockOps
+from server.continuous_batching.cuda_graphs import DecodeGraphs
+from server.continuous_batching.decode_buckets import (
+    DecodeInputs,
+    bucket_for,
+    decode_buckets,
+    pad_decode_inputs,
+)
 from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.model.attention import build_attention_metadata
 from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
@@ -51,7 +58,9 @@ class ModelRunner:
             1, int(cache.memory_budget_gb * _GIB) // bytes_per_block
         )
         self.num_blocks_cpu = cache.num_blocks_cpu
-        self.kv_caches = self._allocate(self.num_blocks, self.device)
+        #: One block past the pool, never handed out: padded decode rows write there.
+        self.dummy_block = self.num_blocks
+        self.kv_caches = self._allocate(self.num_blocks + 1, self.device)
         self.cpu_kv_caches = self._allocate(cache.num_blocks_cpu, torch.device("cpu"))
         self._block_offsets = torch.arange(self.block_size, device=self.device)
         logger.info(
@@ -60,6 +69,29 @@ class ModelRunner:
             cache.num_blocks_cpu,
             self.block_size,
             bytes_per_block / 2**20,
+        )
+        #: "triton": decode-only steps use the paged-attention kernels (CUDA with triton).
+        self.attention_backend = self.model.attention_backend
+        #: Batch sizes a decode-only step is padded to (the CUDA graphs' shapes).
+        self.decode_buckets = decode_buckets(config.batcher_config.batch_max_beams)
+        self.decode_graphs: DecodeGraphs | None = None
+        if self.attention_backend == "triton" and not loading.enforce_eager:
+            self.decode_graphs = DecodeGraphs(
+                self.model,
+                self.kv_caches,
+                self.decode_buckets,
+                self.block_size,
+                self.max_model_len,
+                self.dummy_block,
+            )
+            self.decode_graphs.capture()
+        #: Pad decode-only steps to a bucket: on with CUDA graphs; the CPU tests turn it on to
+        #: check that padding changes no token (on a CPU it would only add work).
+        self.is_padding_decodes = self.decode_graphs is not None
+        logger.info(
+            "attention: %s; decode steps: %s",
+            "triton paged kernels" if self.attention_backend == "triton" else "torch",
+            "CUDA graphs" if self.decode_graphs is not None else "eager",
         )
 
     def _allocate(self, num_blocks: int, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
@@ -124,16 +156,54 @@ class ModelRunner:
             block_tables.append(seq.block_table)
             if item.is_sampling:
                 sample_rows.append(len(input_ids) - 1)
-        attn = build_attention_metadata(
-            query_lens, context_lens, block_tables, self.block_size, self.device
-        )
-        hidden = self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
-            self.kv_caches,
-            attn,
-        )
+        num_seqs = len(plan.scheduled)
+        bucket = None
+        if self.is_padding_decodes and len(input_ids) == num_seqs:
+            bucket = bucket_for(num_seqs, self.decode_buckets)
+        if bucket is not None:
+            decode = DecodeInputs(input_ids, positions, context_lens, block_tables)
+            hidden = self._decode_padded(pad_decode_inputs(decode, bucket, self.dummy_block))
+        else:
+            hidden = self._forward(input_ids, positions, query_lens, context_lens, block_tables)
         if not sample_rows:
             return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32)
         rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return self.model.compute_logits(hidden[rows])
+
+    def _forward(
+        self,
+        input_ids: list[int],
+        positions: list[int],
+        query_lens: list[int],
+        context_lens: list[int],
+        block_tables: list[list[int]],
+    ) -> torch.Tensor:
+        """One eager forward over the flat token axis: hidden states [num_tokens, hidden]."""
+        attn = build_attention_metadata(
+            query_lens,
+            context_lens,
+            block_tables,
+            self.block_size,
+            self.device,
+            with_decode_tables=self.attention_backend == "triton",
+        )
+        return self.model(
+            torch.tensor(input_ids, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
+            self.kv_caches,
+            attn,
+            block_size=self.block_size,
+        )
+
+    def _decode_padded(self, padded: DecodeInputs) -> torch.Tensor:
+        """A decode step padded to its bucket: a graph replay on CUDA, else the same padded
+        rows eagerly. Returns hidden states for all padded rows (the real ones come first)."""
+        if self.decode_graphs is not None:
+            return self.decode_graphs.run(padded)
+        return self._forward(
+            padded.input_ids,
+            padded.positions,
+            [1] * padded.num_seqs,
+            padded.context_lens,
+            padded.block_tables,
+        )

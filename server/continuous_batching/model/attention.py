@@ -42,6 +42,17 @@ class AttentionGroup:
 
 
 @dataclass
+class DecodeTables:
+    """A decode-only step as the paged-attention kernel reads it: token i is sequence i's one
+    query, its keys are the first ``context_lens[i]`` positions of ``block_tables[i]``."""
+
+    block_tables: torch.Tensor  # [num_tokens, max_blocks] int32 (padding -> block 0)
+    context_lens: torch.Tensor  # [num_tokens] int32
+    #: Bound on context_lens (sizes the kernel's grid; fixed in a CUDA graph).
+    max_context_len: int
+
+
+@dataclass
 class AttentionMetadata:
     """Per-step attention inputs shared by all layers."""
 
@@ -51,6 +62,8 @@ class AttentionMetadata:
     #: [G*Q] outputs; None when that concatenation already is the flat token order.
     output_index: torch.Tensor | None = None
     num_tokens: int = 0
+    #: Set for decode-only steps when asked (the Triton kernel's inputs); else None.
+    decode: DecodeTables | None = None
 
 
 def _split_groups(seq_ids: np.ndarray, q: np.ndarray, ctx: np.ndarray) -> list[np.ndarray]:
@@ -80,6 +93,7 @@ def build_attention_metadata(
     block_tables: list[list[int]],
     block_size: int,
     device: torch.device,
+    with_decode_tables: bool = False,
 ) -> AttentionMetadata:
     """Build the step's metadata.
 
@@ -88,6 +102,8 @@ def build_attention_metadata(
     ``context_lens[i]`` counts the tokens cached after this step, new ones included, and
     ``block_tables[i]`` lists its block ids. Decodes (query_len 1) and prefill chunks are
     grouped separately; a group is split when padding would waste much (see _split_groups).
+    With ``with_decode_tables``, a decode-only step (every query_len 1) gets ``DecodeTables``
+    and no groups: the paged-attention kernel path.
     """
     n = len(query_lens)
     if not (n == len(context_lens) == len(block_tables)) or n == 0:
@@ -106,6 +122,19 @@ def build_attention_metadata(
     seq_of_token = np.repeat(np.arange(n), q)
     pos = np.arange(num_tokens) - starts[seq_of_token] + (ctx - q)[seq_of_token]
     slot_mapping = table[seq_of_token, pos // block_size] * block_size + pos % block_size
+
+    if with_decode_tables and (q == 1).all():
+        # The kernel reads the block tables itself: no groups, gathers or masks to build.
+        return AttentionMetadata(
+            slot_mapping=torch.from_numpy(slot_mapping).to(device),
+            groups=[],
+            num_tokens=num_tokens,
+            decode=DecodeTables(
+                block_tables=torch.from_numpy(table.astype(np.int32)).to(device),
+                context_lens=torch.from_numpy(ctx.astype(np.int32)).to(device),
+                max_context_len=int(ctx.max()),
+            ),
+        )
 
     ids = np.arange(n)
     decode_ids, prefill_ids = ids[q == 1], ids[q > 1]

@@ -2,7 +2,7 @@
 
 The tokens of every sequence in a step (prefill chunks and decodes alike) are flattened into
 one [num_tokens] axis and go through one forward. Per layer that is: RMSNorm, one fused q/k/v
-matmul, RoPE on q and k together, two cache writes, paged attention (a few kernels per group),
+matmul, RoPE on q and k together, the cache writes, paged attention (a few kernels per group),
 o_proj with the residual add fused into ``addmm``, RMSNorm, one fused gate/up matmul,
 SiLU * up, down_proj fused with the residual add. No Python loop over sequences or tokens and
 no host synchronisation happen inside the forward.
@@ -14,10 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import triton_paged_attention
 from .architecture import ModelArchConfig
 from .attention import AttentionMetadata
 from .linear import Linear, LinearLike, can_prepack
-from .paged_attention import PagedAttention
+from .paged_attention import AttentionBackend, PagedAttention
 from .rotary import RotaryTables, apply_rope
 
 __all__ = [
@@ -141,7 +142,6 @@ class LlamaDecoderLayer(nn.Module):
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
-        slot_mapping: torch.Tensor,
         attention: PagedAttention,
     ) -> torch.Tensor:
         """x: residual stream [T, hidden]; returns the updated residual stream."""
@@ -153,8 +153,7 @@ class LlamaDecoderLayer(nn.Module):
         qk = apply_rope(qkv[:, : qk_heads * self.head_dim].view(t, qk_heads, -1), cos, sin)
         v = qkv[:, qk_heads * self.head_dim :].view(t, self.num_kv_heads, -1)
         k_cache, v_cache = kv_cache
-        k_cache.index_copy_(0, slot_mapping, qk[:, self.num_heads :])
-        v_cache.index_copy_(0, slot_mapping, v)
+        attention.write_kv(qk[:, self.num_heads :], v, k_cache, v_cache)
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
         attn = attention(qk[:, : self.num_heads], k_cache, v_cache)
@@ -199,6 +198,11 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryTables(config, dtype, self.device)
         self.residual_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         self.lm_head_linear = Linear(self.lm_head, None, is_packed=False)
+        #: "triton" on CUDA with triton installed: decode-only steps (whose metadata carries
+        #: DecodeTables) use the paged-attention kernels; the CPU always runs torch.
+        self.attention_backend: AttentionBackend = (
+            "triton" if triton_paged_attention.is_available(self.device) else "torch"
+        )
 
     def finalize(self, prepack: bool | None = None) -> None:
         """Call once the weights are loaded: prepacks CPU matmul weights when possible
@@ -231,18 +235,27 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         attn: AttentionMetadata,
+        block_size: int = 0,
     ) -> torch.Tensor:
-        """Run one step over the flat token axis; returns final-norm hidden states [T, hidden]."""
+        """Run one step over the flat token axis; returns final-norm hidden states [T, hidden].
+
+        ``block_size`` (the cache's) is needed only when ``attn`` carries DecodeTables."""
         c = self.config
         cos, sin = self.rotary.lookup(positions)
         attention = PagedAttention(
-            attn, c.num_attention_heads, c.num_key_value_heads, c.head_dim, self.dtype
+            attn,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            self.dtype,
+            backend=self.attention_backend,
+            block_size=block_size,
         )
         # 16-bit models keep the residual stream in float32: each layer adds its output to
         # it without rounding, which keeps bfloat16 logits about twice as close to float32.
         x = F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, attn.slot_mapping, attention)
+            x = layer(x, cos, sin, kv_cache, attention)
         if x.dtype == self.norm.dtype:
             return F.rms_norm(x, (c.hidden_size,), self.norm, c.rms_norm_eps)
         # Kept in float32: compute_logits refines the best candidates from it.

@@ -20,20 +20,29 @@ gather K/V once, in big chunks, and to give the GEMMs a usable shape:
   ``enable_gqa`` or with K/V repeated, was several times slower for single-token queries.
 * prefill chunks (Q > 1): per-head rows as above, then ``scaled_dot_product_attention`` with
   the boolean mask and ``enable_gqa`` (flash kernel: no [Q, K] scores per head in memory).
+
+The ``triton`` backend (CUDA only, chosen by the model) sends decode-only steps, whose metadata
+then carries ``DecodeTables`` instead of groups, to ``triton_paged_attention``: no gather copy,
+and K/V are written by its kernel too. Every other step keeps the torch path above, which stays
+the reference the kernel is tested against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
+from . import triton_paged_attention
 from .attention import AttentionGroup, AttentionMetadata
 
 #: Up to this many kv heads, decode uses the block-diagonal query layout (see module doc).
 BLOCK_DIAGONAL_MAX_KV_HEADS = 4
+
+AttentionBackend = Literal["torch", "triton"]
 
 
 @lru_cache(maxsize=8)
@@ -71,8 +80,16 @@ class PagedAttention:
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype,
+        backend: AttentionBackend = "torch",
+        block_size: int = 0,
     ) -> None:
+        """``block_size`` is only read by the triton backend (its kernels address slots)."""
         self.meta = meta
+        #: The Triton kernels run this step (decode-only, triton backend); else torch.
+        self.is_kernel_step = backend == "triton" and meta.decode is not None
+        if self.is_kernel_step and block_size < 1:
+            raise ValueError("the triton backend needs the cache's block_size")
+        self.block_size = block_size
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -112,11 +129,34 @@ class PagedAttention:
             mask=group.mask,
         )
 
+    def write_kv(
+        self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+    ) -> None:
+        """Store the step's k/v [T, kv_heads, head_dim] at their slots (before __call__)."""
+        if self.is_kernel_step:
+            triton_paged_attention.write_kv_cache(k, v, k_cache, v_cache, self.meta.slot_mapping)
+            return
+        k_cache.index_copy_(0, self.meta.slot_mapping, k)
+        v_cache.index_copy_(0, self.meta.slot_mapping, v)
+
     def __call__(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> torch.Tensor:
         """q: [T, heads, head_dim] (rotated, may be strided); caches already hold this step's
         K/V. Returns [T, heads * head_dim] in flat token order."""
+        if self.is_kernel_step:
+            decode = self.meta.decode
+            out = triton_paged_attention.paged_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                decode.block_tables,
+                decode.context_lens,
+                block_size=self.block_size,
+                max_context_len=decode.max_context_len,
+                scale=self.scale,
+            )
+            return out.view(q.shape[0], self.num_heads * self.head_dim)
         outs = [self._group(p, q, k_cache, v_cache) for p in self.plans]
         out = outs[0] if len(outs) == 1 else torch.cat(outs)
         if self.meta.output_index is not None:
