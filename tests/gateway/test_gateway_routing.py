@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -339,3 +340,22 @@ def test_heartbeat_finds_a_late_server_without_requests(tmp_path: Path) -> None:
         )
     finally:
         stop_all(gateway, server)
+
+
+def test_a_client_hanging_up_mid_upload_is_an_info_line(
+    two_models: tuple, caplog: pytest.LogCaptureFixture
+) -> None:
+    gateway, _, _ = two_models
+    host, port = gateway.url.removeprefix("http://").split(":")
+    with caplog.at_level(logging.INFO):
+        with socket.create_connection((host, int(port)), timeout=5) as sock:
+            sock.sendall(
+                b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 1000\r\n\r\n{"prompt": "'
+            )
+        wait_until(
+            lambda: any("client went away" in r.getMessage() for r in caplog.records),
+            10,
+            message="the gateway's log line about the client that went away",
+        )
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
