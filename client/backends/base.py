@@ -13,7 +13,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from client.backends.circuit_breaker import BreakerState, CircuitBreaker
-from client.backends.translation import Translation
+from client.backends.translation import StreamTranslator, Translation
 from client.gateway_request import GatewayRequest
 from protocol.health import HealthResponse, LoadReport
 from protocol.openai_api import ModelList
@@ -185,6 +185,11 @@ class Backend:
     def scrub(self, text: str) -> str:
         """``text`` (an upstream error) without secrets of this backend (ours have none)."""
         return text
+
+    def stream_filter(self, translator: StreamTranslator | None) -> StreamTranslator | None:
+        """What every streamed byte from this backend goes through (``translator``, if any;
+        kinds holding secrets add a scrubber, since an error event may quote them)."""
+        return translator
 
     def mark_unreachable(self, error: str) -> None:
         """Take the backend out of rotation until a health check finds it up again."""

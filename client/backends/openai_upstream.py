@@ -17,6 +17,7 @@ import httpx
 
 from client.backends.base import AS_SENT, Backend, Plan
 from client.backends.native_to_openai import NativeToOpenAI, upstream_unsupported_fields
+from client.backends.translation import SecretScrubber, StreamTranslator
 from client.config.schema import OpenAIJumperConfig
 from client.gateway_request import GatewayRequest
 
@@ -130,6 +131,11 @@ class OpenAIJumper(Backend):
     async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:
         """No heartbeat upstream (it would spend quota); health is the key's circuit."""
         self.is_healthy = True
+
+    def stream_filter(self, translator: StreamTranslator | None) -> StreamTranslator | None:
+        """Every streamed byte is scrubbed of this entry's key (error events may quote it)."""
+        key = self.config.api_key.get_secret_value()
+        return SecretScrubber(key, translator) if key else translator
 
     def scrub(self, text: str) -> str:
         """``text`` with this entry's key masked (upstream errors sometimes echo the key)."""

@@ -275,7 +275,7 @@ class AttemptRunner:
         """Prime the stream (read its first chunk), then relay the rest as it comes."""
         backend, lease, request, translation = attempt.parts()
         chunks: AsyncIterator[bytes] = response.aiter_bytes()
-        translator = translation.stream() if translation is not None else None
+        translator = backend.stream_filter(translation.stream() if translation else None)
         try:
             # A translated stream's first upstream chunk may hold no complete event yet: read
             # until there is something to send, so the priming really covers the first byte.

@@ -53,6 +53,9 @@ class FakeServerSettings:
     fail_status: int | None = None
     #: The error type of those answers.
     fail_type: str = "fake_error"
+    #: When given, streams send one event, then an error event with this message (``{key}``:
+    #: the caller's bearer key, as real upstreams quote it in quota errors), then end.
+    stream_error_message: str | None = None
     #: Like an OpenAI upstream: these bearer keys get this status (e.g. 429 for a spent key).
     fail_status_by_key: dict[str, int] = field(default_factory=dict)
     # Observations.
@@ -191,6 +194,10 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
             return _error(404, f"model {body.get('model')!r} is not served here")
         if body.get("stream"):
             chunks = _payloads(path, body, settings)
+            if settings.stream_error_message is not None:
+                message = settings.stream_error_message.format(key=authorization[7:])
+                error = {"type": "insufficient_quota", "message": message, "code": 429}
+                chunks = [chunks[0], {"error": error}]
             return StreamingResponse(
                 _stream(chunks, settings), media_type="text/event-stream", headers=SSE_HEADERS
             )

@@ -200,3 +200,26 @@ def test_openai_sdk_through_a_jumper_to_a_real_server(
         client.close()
     finally:
         gateway.stop()
+
+
+def test_keys_are_scrubbed_from_streamed_upstream_errors(setup: Setup) -> None:
+    setup.upstream.stream_error_message = "quota exceeded for key {key}; see your plan"
+    route = {"x-llm-route": "openai"}
+    http = setup.gateway.http
+    answers = [
+        http.post("/v1/chat/completions", json={**CHAT, "stream": True}, headers=route),
+        http.post(
+            "/generate",
+            json={"model": "m", "prompt": "hi", "stream": True, "generation_config": NATIVE_CONFIG},
+            headers=route,
+        ),
+        http.post(
+            "/v2/models/m/generate_stream",
+            json={"text_input": "hi", "max_tokens": 4, "stream": True},
+            headers=route,
+        ),
+    ]
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        assert "quota exceeded for key ***" in answer.text, answer.text
+        assert not any(key in answer.text or key[3:] in answer.text for key in KEYS)

@@ -20,6 +20,7 @@ from client.backends.native_to_openai import (
     upstream_unsupported_fields,
 )
 from client.backends.openai_upstream import OpenAIJumper
+from client.backends.translation import SecretScrubber
 from client.backends.triton_server import TritonBackend
 from client.balancing.policies import (
     LeastRecentlyUsedKey,
@@ -444,3 +445,20 @@ def test_openai_shaper_builds_chat_answers_and_chunks() -> None:
     quiet = OpenAIShaper("/v1/completions", "smol", is_usage_streamed=False)
     assert quiet.chunk({"id": "x1", "choices": [], "usage": usage}) == b""
     assert json.loads(quiet.chunk(native)[6:])["choices"][0]["text"] == "Paris"
+
+
+def test_secret_scrubber_masks_keys_split_across_chunks() -> None:
+    key = "sk-secret-0123456789"
+    stream = (
+        b'data: {"choices": [{"text": "sk"}]}\n\n'
+        + f'data: {{"error": {{"message": "bad key {key}, and {key}!"}}}}\n\n'.encode()
+        + b"data: [DONE]\n\n"
+    )
+    expected = stream.replace(key.encode(), b"***")
+    for size in (1, 2, 3, 7, 19, 20, 21, len(stream)):
+        scrubber = SecretScrubber(key)
+        pieces = [stream[i : i + size] for i in range(0, len(stream), size)]
+        out = [scrubber.feed(piece) for piece in pieces]
+        assert b"".join(out) + scrubber.close() == expected
+        # Only what could begin the key waits: complete events go out with their chunk.
+        assert b"".join(out).endswith(b"[DONE]\n\n")
