@@ -30,6 +30,10 @@ def returned_headers(response: httpx.Response) -> dict[str, str]:
     }
 
 
+#: The closing event of our streams and OpenAI's.
+_DONE_EVENT = b"data: [DONE]"
+
+
 class StreamRelay(StreamingResponse):
     """Relays an upstream stream whose first chunk was already read (the stream was primed).
 
@@ -72,6 +76,10 @@ class StreamRelay(StreamingResponse):
             async for chunk in self._chunks:
                 out = self._translator.feed(chunk) if self._translator else chunk
                 if out:
+                    if _DONE_EVENT in out:
+                        # The answer is complete: a caller that hangs up now (the openai SDK
+                        # does as soon as it reads [DONE]) got all of it.
+                        self._outcome = outcome_of_status(self._upstream.status_code)
                     yield out
             if self._translator is not None and (tail := self._translator.close()):
                 yield tail

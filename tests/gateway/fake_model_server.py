@@ -53,6 +53,8 @@ class FakeServerSettings:
     fail_status: int | None = None
     #: The error type of those answers.
     fail_type: str = "fake_error"
+    #: Streams keep their connection open this long after ``[DONE]`` (as a busy server may).
+    linger_after_done_seconds: float = 0.0
     #: When given, streams send one event, then an error event with this message (``{key}``:
     #: the caller's bearer key, as real upstreams quote it in quota errors), then end.
     stream_error_message: str | None = None
@@ -147,6 +149,7 @@ async def _stream(chunks: list[dict], settings: FakeServerSettings) -> AsyncIter
             yield encode_event(chunk)
         yield encode_done()
         is_completed = True
+        await asyncio.sleep(settings.linger_after_done_seconds)
     finally:
         if is_completed:
             settings.num_streams_completed += 1

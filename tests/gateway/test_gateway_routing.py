@@ -359,3 +359,32 @@ def test_a_client_hanging_up_mid_upload_is_an_info_line(
             message="the gateway's log line about the client that went away",
         )
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_a_stream_read_to_done_counts_ok_even_if_the_caller_hangs_up_at_once(
+    two_models: tuple,
+) -> None:
+    gateway, settings_a, _ = two_models
+    settings_a.linger_after_done_seconds = 2.0  # the server's end of body comes late
+    url_a = gateway_url_of(gateway.http, "model-a")
+    ok = 'gateway_request_duration_seconds_count{endpoint="/generate",outcome="ok"}'
+    cancelled = 'gateway_request_duration_seconds_count{endpoint="/generate",outcome="cancelled"}'
+    before = gateway.http.get("/metrics").text
+    try:
+        body = {**GENERATE, "model": "model-a", "stream": True}
+        with gateway.http.stream("POST", "/generate", json=body) as response:
+            for line in response.iter_lines():
+                if line == "data: [DONE]":
+                    break  # and hang up, like the openai SDK
+        wait_until(
+            lambda: (
+                metric_value(gateway.http.get("/metrics").text, ok) == metric_value(before, ok) + 1
+            ),
+            10,
+            message=f"the stream on {url_a} counted as ok",
+        )
+        assert metric_value(gateway.http.get("/metrics").text, cancelled) == metric_value(
+            before, cancelled
+        )
+    finally:
+        settings_a.linger_after_done_seconds = 0.0
