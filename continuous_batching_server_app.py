@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -30,7 +29,7 @@ def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
     # Loaded in the thread that will run it: one OpenMP team per process (compute_thread).
     compute = ComputeThread("engine")
     engine = compute.call(LLMEngine, config.engine_config())
-    model_id = loading.served_model_name or Path(loading.model_name_or_path).name
+    model_id = loading.served_model_id
     backend = AsyncEngine(engine, model_id, compute)
     settings = config.serving_config.settings(model_id)
     return create_server_app(backend, settings, title="Continuous-batching LLM server")

@@ -6,6 +6,7 @@ The three sections follow the seed's ``cb_server_config.json`` (``model_loading_
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -16,6 +17,10 @@ TorchDtypeName = Literal["float32", "bfloat16", "float16"]
 #: Architecture families the engine runs -> the checkpoint ``model_type`` values of each (the
 #: checkpoints our llama code runs unchanged; see ``model.architecture``).
 MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {"llama": ("llama", "mistral", "qwen2")}
+
+
+#: The quantization tag GGUF file names end with (``.Q4_1``, ``-q4_k_m``, ``.F16``, ``.BF16``).
+_GGUF_QUANT_TAG = re.compile(r"[.-](?:I?Q\d[\w]*|B?F16|F32)$", re.IGNORECASE)
 
 
 def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | None:
@@ -102,6 +107,18 @@ class ModelLoadingConfig(_Section):
     def gguf_path(self) -> Path | None:
         """The GGUF file the weights (and maybe the tokenizer) come from, else None."""
         return gguf_path(self.model_name_or_path, self.gguf_file)
+
+    @property
+    def served_model_id(self) -> str:
+        """The model id the server answers to: ``served_model_name``, else the folder's name,
+        or a GGUF file's name without ``.gguf`` and its quantization tag
+        (``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``)."""
+        if self.served_model_name:
+            return self.served_model_name
+        path = Path(self.model_name_or_path)
+        if path.suffix.lower() != ".gguf":
+            return path.name
+        return _GGUF_QUANT_TAG.sub("", path.stem) or path.stem
 
     def check_checkpoint_model_type(self, checkpoint_model_type: str | None) -> None:
         """Refuse a checkpoint outside the configured family (``ValueError`` naming the key)."""

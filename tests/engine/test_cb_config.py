@@ -100,3 +100,19 @@ def test_tokenizer_options_reach_auto_tokenizer(
     ((path, kwargs),) = calls
     assert path == (tokenizer_path or str(tmp_path))
     assert kwargs["use_fast"] is use_fast and kwargs["trust_remote_code"] is trust_remote_code
+
+
+@pytest.mark.parametrize(
+    ("path", "served"),
+    [
+        ("/m/SmolLM2-135M-Instruct.Q4_1.gguf", "SmolLM2-135M-Instruct"),
+        ("/m/llama-3-8b-q4_k_m.gguf", "llama-3-8b"),
+        ("/m/tiny.BF16.gguf", "tiny"),
+        ("/m/plain.gguf", "plain"),
+        ("models/SmolLM2-135M-Instruct", "SmolLM2-135M-Instruct"),
+    ],
+)
+def test_served_model_id_drops_the_gguf_file_name(path: str, served: str) -> None:
+    assert ModelLoadingConfig(model_name_or_path=path).served_model_id == served
+    named = ModelLoadingConfig(model_name_or_path=path, served_model_name="mine")
+    assert named.served_model_id == "mine"
