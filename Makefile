@@ -71,10 +71,6 @@ chromium:
 demo: venv model
 	$(VPY) start_app.py up
 	$(VPY) -m tools.demo_chat
-	@echo
-	@echo "Chat in a browser: http://127.0.0.1:8501 (the chat_ui app of configs/deployment.json)"
-	@echo "The apps keep running in the background. Stop them with:  python start_app.py down"
-	@echo "(or: make down)"
 
 lint: venv
 	$(VENV)/bin/ruff check .

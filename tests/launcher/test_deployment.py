@@ -6,6 +6,8 @@ This is the demo's path (``make demo``) with the real default model, on free por
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -88,6 +90,18 @@ def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
         assert [b["is_healthy"] for b in backends["backends"]] == [True, True], backends
         cb_metrics = httpx.get(f"http://127.0.0.1:{cb_port}/metrics", timeout=10).text
         assert 'endpoint="/v1/chat/completions",outcome="200"} 1.0' in cb_metrics
+        # The demo's question finds the gateway on its moved port through the deployment file,
+        # and its closing hint names that file.
+        demo = subprocess.run(
+            [sys.executable, "-m", "tools.demo_chat", "--deployment", str(deployment)],
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert demo.returncode == 0, demo.stdout + demo.stderr
+        assert "Paris" in demo.stdout and f"127.0.0.1:{gateway_port}" in demo.stdout
+        assert f"start_app.py down --deployment {deployment}" in demo.stdout
     finally:
         down = run_start_app("down", "--deployment", str(deployment), run_dir=run_dir)
     assert down.returncode == 0, down.stdout + down.stderr
