@@ -111,16 +111,30 @@ def _exclusive_lock(output: Path) -> Iterator[None]:
     """Hold an exclusive file lock for ``output`` so that concurrent runs do not race.
 
     (``make demo`` and a test session, or two pytest processes, may both ask for the model.)
-    The lock dies with the process, so a killed run never blocks the next one.
+    The lock dies with the process, so a killed run never blocks the next one, and the lock
+    file is removed when the holder is done. A waiter that then gets the lock of the removed
+    file sees it is no longer the file at that path and locks the new one instead.
     """
     output.parent.mkdir(parents=True, exist_ok=True)
     lock_path = output.parent / f".{output.name}.lock"
-    with open(lock_path, "w") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    while True:
+        with open(lock_path, "a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            if not _is_same_file(handle.fileno(), lock_path):
+                continue  # removed by the previous holder while we waited: lock the new one
+            try:
+                yield
+            finally:
+                lock_path.unlink(missing_ok=True)
+                fcntl.flock(handle, fcntl.LOCK_UN)
+            return
+
+
+def _is_same_file(fd: int, path: Path) -> bool:
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _remove_stale_temps(output: Path) -> None:
@@ -355,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
     except PrepareModelError as exc:
         _log(f"ERROR: {exc}")
         return 1
+    except KeyboardInterrupt:
+        # The folder is written atomically: nothing half-done is left where it belongs, and
+        # the next run removes the temporary folder.
+        _log("interrupted: no model folder was written; run the command again to build it")
+        return 130
     return 0
 
 
