@@ -30,6 +30,7 @@ from launcher.deployment import (
 from launcher.processes import is_ours, pid_alive, stop_record
 from launcher.rundir import list_records, log_path, read_record, resolve_run_dir
 from launcher.startup import bring_up, probe_health
+from launcher.wiring_check import unmatched_gateway_urls, warn
 
 
 def _deployment_for_run_dir(args: argparse.Namespace) -> Deployment | None:
@@ -56,6 +57,8 @@ def cmd_up(args: argparse.Namespace) -> int:
         say()
         _print_status(run_dir, None)
         say()
+        for warning in unmatched_gateway_urls(deployment.apps):
+            warn(warning)
         say(f"all up. Stop with: python {Path(sys.argv[0]).name} down")
     return code
 
