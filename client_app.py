@@ -39,9 +39,11 @@ from client.intake.forward import forward, gateway_of, require_caller_key
 from client.intake.triton_api import triton_routes
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
+from protocol.triton import TritonGenerateRequest
 from utils.config import ConfigError, load_config
 from utils.errors import install_error_handlers
 from utils.logging import setup_logging
+from utils.openapi import document_models, json_body
 from utils.request_id import RequestIdMiddleware
 
 DEFAULT_CONFIG_PATH = "configs/client_config.json"
@@ -52,19 +54,31 @@ routes = APIRouter(dependencies=[Depends(require_caller_key)])
 open_routes = APIRouter()
 
 
-@routes.post("/generate", summary="Native generation (prompt or messages), streaming or not")
+@routes.post(
+    "/generate",
+    summary="Native generation (prompt or messages), streaming or not",
+    openapi_extra=json_body(GenerateRequest),
+)
 async def generate(request: Request) -> Response:
     """Route a native generation request by its ``model``."""
     return await forward(request, "/generate", GenerateRequest)
 
 
-@routes.post("/v1/completions", summary="OpenAI-compatible text completion")
+@routes.post(
+    "/v1/completions",
+    summary="OpenAI-compatible text completion",
+    openapi_extra=json_body(CompletionRequest),
+)
 async def completions(request: Request) -> Response:
     """Route an OpenAI completion request by its ``model``."""
     return await forward(request, "/v1/completions", CompletionRequest)
 
 
-@routes.post("/v1/chat/completions", summary="OpenAI-compatible chat completion")
+@routes.post(
+    "/v1/chat/completions",
+    summary="OpenAI-compatible chat completion",
+    openapi_extra=json_body(ChatCompletionRequest),
+)
 async def chat_completions(request: Request) -> Response:
     """Route an OpenAI chat completion request by its ``model``."""
     return await forward(request, "/v1/chat/completions", ChatCompletionRequest)
@@ -139,6 +153,8 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     app.include_router(routes)
     app.include_router(triton_routes)
     app.include_router(open_routes)
+    documented = [GenerateRequest, CompletionRequest, ChatCompletionRequest, TritonGenerateRequest]
+    document_models(app, documented)
     return app
 
 

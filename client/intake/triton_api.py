@@ -36,6 +36,7 @@ from protocol.triton import (
     triton_stream_response,
 )
 from utils.errors import APIError, parse_json_body
+from utils.openapi import json_body
 from utils.sse import SSE_MEDIA_TYPE, SSEDataSplitter, encode_event
 
 #: The native endpoint Triton requests are routed as.
@@ -92,6 +93,7 @@ async def model_ready(request: Request, model: str) -> Response:
 @triton_routes.post(
     "/v2/models/{model}/generate",
     dependencies=[Depends(require_caller_key)],
+    openapi_extra=json_body(TritonGenerateRequest),
     summary="Triton generate: the whole text in one answer",
 )
 async def generate(request: Request, model: str) -> Response:
@@ -102,6 +104,7 @@ async def generate(request: Request, model: str) -> Response:
 @triton_routes.post(
     "/v2/models/{model}/generate_stream",
     dependencies=[Depends(require_caller_key)],
+    openapi_extra=json_body(TritonGenerateRequest),
     summary="Triton generate_stream: text deltas as Server-Sent Events",
 )
 async def generate_stream(request: Request, model: str) -> Response:

@@ -4,6 +4,7 @@ heartbeat mark-down and mark-up, caller auth and config reload."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -221,7 +222,21 @@ def test_caller_api_keys(pair: Callable) -> None:
     assert http.get("/health").status_code == 200 and http.get("/metrics").status_code == 200
     key = {"authorization": "Bearer caller-key-1"}
     schema = http.get("/openapi.json", headers=key)
-    assert schema.status_code == 200 and "/v1/chat/completions" in schema.json()["paths"]
+    assert schema.status_code == 200
+    # The request models are documented although the gateway forwards the caller's bytes.
+    paths, components = schema.json()["paths"], schema.json()["components"]["schemas"]
+    for path, model in (
+        ("/generate", "GenerateRequest"),
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+        ("/v2/models/{model}/generate_stream", "TritonGenerateRequest"),
+    ):
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": f"#/components/schemas/{model}"}
+        assert components[model]["type"] == "object"
+    assert "messages" in components["ChatCompletionRequest"]["properties"]
+    refs = re.findall(r"\"\$ref\": \"#/components/schemas/([^\"]+)\"", json.dumps(schema.json()))
+    assert refs and all(name in components for name in refs)
     assert "swagger" in http.get("/docs", headers=key).text.lower()
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="caller-key-1", max_retries=0)
     assert client.chat.completions.create(**CHAT).choices[0].message.content.startswith("[")
