@@ -31,14 +31,20 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
 
 
 async def _native_events(
-    service: GenerationService, job: Job, deltas: AsyncIterator[TextDelta]
+    service: GenerationService, job: Job, steps: AsyncIterator[list[TextDelta]]
 ) -> AsyncIterator[bytes]:
+    """One event per step (every choice that moved in it), then the usage event."""
     num_tokens = 0
-    async for delta in deltas:
-        num_tokens += delta.num_new_tokens
-        choice = Choice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason)
-        if choice.text or choice.finish_reason:
-            chunk = GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=[choice])
+    async for deltas in steps:
+        choices: list[Choice] = []
+        for delta in deltas:
+            num_tokens += delta.num_new_tokens
+            if delta.text or delta.finish_reason:
+                choices.append(
+                    Choice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason)
+                )
+        if choices:
+            chunk = GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=choices)
             yield encode_event(chunk)
     usage_chunk = GenerateStreamChunk(
         id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
@@ -59,7 +65,7 @@ def build_native_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda deltas: _native_events(service, job, deltas),
+            lambda steps: _native_events(service, job, steps),
             lambda results: GenerateResponse(
                 id=job.request_id,
                 model=service.model_id,

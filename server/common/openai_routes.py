@@ -74,20 +74,25 @@ def _chat_job(
 async def _completion_events(
     service: GenerationService,
     job: Job,
-    deltas: AsyncIterator[TextDelta],
+    steps: AsyncIterator[list[TextDelta]],
     is_usage_streamed: bool,
 ) -> AsyncIterator[bytes]:
+    """One chunk per step (every choice that moved in it), then the usage chunk if asked."""
     num_tokens = 0
-    async for delta in deltas:
-        num_tokens += delta.num_new_tokens
-        if not delta.text and delta.finish_reason is None:
-            continue
-        choice = CompletionChoice(
-            index=delta.index, text=delta.text, finish_reason=delta.finish_reason
-        )
-        yield encode_event(
-            CompletionResponse(id=job.request_id, model=service.model_id, choices=[choice])
-        )
+    async for deltas in steps:
+        choices: list[CompletionChoice] = []
+        for delta in deltas:
+            num_tokens += delta.num_new_tokens
+            if delta.text or delta.finish_reason is not None:
+                choices.append(
+                    CompletionChoice(
+                        index=delta.index, text=delta.text, finish_reason=delta.finish_reason
+                    )
+                )
+        if choices:
+            yield encode_event(
+                CompletionResponse(id=job.request_id, model=service.model_id, choices=choices)
+            )
     if is_usage_streamed:
         yield encode_event(
             CompletionResponse(
@@ -96,39 +101,43 @@ async def _completion_events(
         )
 
 
+def _chat_choice(delta: TextDelta, is_opening: bool) -> ChatCompletionChunkChoice:
+    """A choice's part of a chat chunk: its new text and, once it ends, its finish reason.
+
+    OpenAI opens every choice with the assistant role; here the role rides on the choice's
+    first delta (as OpenAI-compatible servers such as llama.cpp's do) rather than costing an
+    event of its own.
+    """
+    chat_delta = (
+        ChatDelta(role="assistant", content=delta.text)
+        if is_opening
+        else ChatDelta(content=delta.text or None)
+    )
+    return ChatCompletionChunkChoice(
+        index=delta.index, delta=chat_delta, finish_reason=delta.finish_reason
+    )
+
+
 async def _chat_events(
     service: GenerationService,
     job: Job,
-    deltas: AsyncIterator[TextDelta],
+    steps: AsyncIterator[list[TextDelta]],
     is_usage_streamed: bool,
 ) -> AsyncIterator[bytes]:
+    """One chunk per step (every choice that moved in it), then the usage chunk if asked."""
     num_tokens = 0
-    has_role: set[int] = set()
-
-    def chunk(choice: ChatCompletionChunkChoice) -> bytes:
-        return encode_event(
-            ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=[choice])
-        )
-
-    async for delta in deltas:
-        num_tokens += delta.num_new_tokens
-        if delta.index not in has_role:
-            # OpenAI opens every choice with a role-only delta; SDK helpers expect it.
-            has_role.add(delta.index)
-            yield chunk(
-                ChatCompletionChunkChoice(
-                    index=delta.index, delta=ChatDelta(role="assistant", content="")
-                )
-            )
-        if delta.text:
-            yield chunk(
-                ChatCompletionChunkChoice(index=delta.index, delta=ChatDelta(content=delta.text))
-            )
-        if delta.finish_reason is not None:
-            yield chunk(
-                ChatCompletionChunkChoice(
-                    index=delta.index, delta=ChatDelta(), finish_reason=delta.finish_reason
-                )
+    opened: set[int] = set()
+    async for deltas in steps:
+        choices: list[ChatCompletionChunkChoice] = []
+        for delta in deltas:
+            num_tokens += delta.num_new_tokens
+            is_opening = delta.index not in opened
+            if is_opening or delta.text or delta.finish_reason is not None:
+                opened.add(delta.index)
+                choices.append(_chat_choice(delta, is_opening))
+        if choices:
+            yield encode_event(
+                ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=choices)
             )
     if is_usage_streamed:
         yield encode_event(
@@ -151,7 +160,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda deltas: _completion_events(service, job, deltas, body.is_usage_streamed),
+            lambda steps: _completion_events(service, job, steps, body.is_usage_streamed),
             lambda results: CompletionResponse(
                 id=job.request_id,
                 model=service.model_id,
@@ -172,7 +181,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda deltas: _chat_events(service, job, deltas, body.is_usage_streamed),
+            lambda steps: _chat_events(service, job, steps, body.is_usage_streamed),
             lambda results: ChatCompletionResponse(
                 id=job.request_id,
                 model=service.model_id,
