@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -17,7 +18,7 @@ from protocol.health import HealthResponse
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, answer_job, new_request_id
-from utils.sse import encode_event
+from utils.sse import ChunkEncoder, encode_event
 
 
 def _native_job(service: GenerationService, body: GenerateRequest, record: RequestRecord) -> Job:
@@ -33,19 +34,22 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
 async def _native_events(
     service: GenerationService, job: Job, steps: AsyncIterator[list[TextDelta]]
 ) -> AsyncIterator[bytes]:
-    """One event per step (every choice that moved in it), then the usage event."""
+    """One event per step (every choice that moved in it, as ``Choice``), then the usage
+    event."""
     num_tokens = 0
+    encoder = ChunkEncoder(
+        GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=[])
+    )
     async for deltas in steps:
-        choices: list[Choice] = []
+        choices: list[dict[str, Any]] = []
         for delta in deltas:
             num_tokens += delta.num_new_tokens
             if delta.text or delta.finish_reason:
                 choices.append(
-                    Choice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason)
+                    {"index": delta.index, "text": delta.text, "finish_reason": delta.finish_reason}
                 )
         if choices:
-            chunk = GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=choices)
-            yield encode_event(chunk)
+            yield encoder.encode(choices)
     usage_chunk = GenerateStreamChunk(
         id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
     )

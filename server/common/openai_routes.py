@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -12,10 +13,8 @@ from protocol.generation import GenerationConfig
 from protocol.openai_api import (
     ChatCompletionChoice,
     ChatCompletionChunk,
-    ChatCompletionChunkChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
     ChatResponseMessage,
     CompletionChoice,
     CompletionRequest,
@@ -28,7 +27,7 @@ from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, answer_job, new_request_id
 from utils.errors import APIError, validation_api_error
-from utils.sse import encode_event
+from utils.sse import ChunkEncoder, encode_event
 
 
 def _generation_config(body: CompletionRequest | ChatCompletionRequest) -> GenerationConfig:
@@ -77,22 +76,27 @@ async def _completion_events(
     steps: AsyncIterator[list[TextDelta]],
     is_usage_streamed: bool,
 ) -> AsyncIterator[bytes]:
-    """One chunk per step (every choice that moved in it), then the usage chunk if asked."""
+    """One chunk per step (every choice that moved in it, as ``CompletionChoice``), then the
+    usage chunk if asked."""
     num_tokens = 0
+    encoder = ChunkEncoder(
+        CompletionResponse(id=job.request_id, model=service.model_id, choices=[])
+    )
     async for deltas in steps:
-        choices: list[CompletionChoice] = []
+        choices: list[dict[str, Any]] = []
         for delta in deltas:
             num_tokens += delta.num_new_tokens
             if delta.text or delta.finish_reason is not None:
                 choices.append(
-                    CompletionChoice(
-                        index=delta.index, text=delta.text, finish_reason=delta.finish_reason
-                    )
+                    {
+                        "index": delta.index,
+                        "text": delta.text,
+                        "finish_reason": delta.finish_reason,
+                        "logprobs": None,
+                    }
                 )
         if choices:
-            yield encode_event(
-                CompletionResponse(id=job.request_id, model=service.model_id, choices=choices)
-            )
+            yield encoder.encode(choices)
     if is_usage_streamed:
         yield encode_event(
             CompletionResponse(
@@ -101,21 +105,25 @@ async def _completion_events(
         )
 
 
-def _chat_choice(delta: TextDelta, is_opening: bool) -> ChatCompletionChunkChoice:
-    """A choice's part of a chat chunk: its new text and, once it ends, its finish reason.
+def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any]:
+    """A choice's part of a chat chunk (a ``ChatCompletionChunkChoice``): its new text and,
+    once it ends, its finish reason.
 
     OpenAI opens every choice with the assistant role; here the role rides on the choice's
     first delta (as OpenAI-compatible servers such as llama.cpp's do) rather than costing an
     event of its own.
     """
     chat_delta = (
-        ChatDelta(role="assistant", content=delta.text)
+        {"role": "assistant", "content": delta.text}
         if is_opening
-        else ChatDelta(content=delta.text or None)
+        else {"role": None, "content": delta.text or None}
     )
-    return ChatCompletionChunkChoice(
-        index=delta.index, delta=chat_delta, finish_reason=delta.finish_reason
-    )
+    return {
+        "index": delta.index,
+        "delta": chat_delta,
+        "finish_reason": delta.finish_reason,
+        "logprobs": None,
+    }
 
 
 async def _chat_events(
@@ -127,8 +135,11 @@ async def _chat_events(
     """One chunk per step (every choice that moved in it), then the usage chunk if asked."""
     num_tokens = 0
     opened: set[int] = set()
+    encoder = ChunkEncoder(
+        ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=[])
+    )
     async for deltas in steps:
-        choices: list[ChatCompletionChunkChoice] = []
+        choices: list[dict[str, Any]] = []
         for delta in deltas:
             num_tokens += delta.num_new_tokens
             is_opening = delta.index not in opened
@@ -136,9 +147,7 @@ async def _chat_events(
                 opened.add(delta.index)
                 choices.append(_chat_choice(delta, is_opening))
         if choices:
-            yield encode_event(
-                ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=choices)
-            )
+            yield encoder.encode(choices)
     if is_usage_streamed:
         yield encode_event(
             ChatCompletionChunk(

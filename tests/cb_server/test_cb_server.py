@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from protocol.generation import GenerationConfig
+from protocol.openai_api import ChatCompletionChunk
 from server.common.app import create_server_app
 from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
@@ -183,6 +184,7 @@ def test_a_stream_sends_one_event_per_step(cb_server: ServerThread) -> None:
     assert 0 < len(events) <= max_tokens  # at most one event per engine step
     seen: dict[int, list[dict]] = {0: [], 1: []}
     for event in events:
+        assert ChatCompletionChunk.model_validate(event).model_dump(mode="json") == event
         indices = [c["index"] for c in event["choices"]]
         assert len(indices) == len(set(indices))
         for choice in event["choices"]:
