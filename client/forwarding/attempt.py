@@ -274,8 +274,13 @@ class AttemptRunner:
     async def _stream_answer(self, attempt: _Attempt, response: httpx.Response) -> Response:
         """Prime the stream (read its first chunk), then relay the rest as it comes."""
         backend, lease, request, translation = attempt.parts()
-        chunks: AsyncIterator[bytes] = response.aiter_bytes()
         translator = backend.stream_filter(translation.stream() if translation else None)
+        # Relayed as received: with nothing to translate or decompress, the raw bytes skip
+        # httpx's decoder and re-chunker (the events are neither parsed nor re-encoded).
+        is_passthrough = translator is None and "content-encoding" not in response.headers
+        chunks: AsyncIterator[bytes] = (
+            response.aiter_raw() if is_passthrough else response.aiter_bytes()
+        )
         try:
             # A translated stream's first upstream chunk may hold no complete event yet: read
             # until there is something to send, so the priming really covers the first byte.

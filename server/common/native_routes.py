@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -17,7 +18,7 @@ from protocol.health import HealthResponse
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, answer_job, new_request_id
-from utils.sse import encode_event
+from utils.sse import ChunkEncoder, encode_event
 
 
 def _native_job(service: GenerationService, body: GenerateRequest, record: RequestRecord) -> Job:
@@ -31,15 +32,24 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
 
 
 async def _native_events(
-    service: GenerationService, job: Job, deltas: AsyncIterator[TextDelta]
+    service: GenerationService, job: Job, steps: AsyncIterator[list[TextDelta]]
 ) -> AsyncIterator[bytes]:
+    """One event per step (every choice that moved in it, as ``Choice``), then the usage
+    event."""
     num_tokens = 0
-    async for delta in deltas:
-        num_tokens += delta.num_new_tokens
-        choice = Choice(index=delta.index, text=delta.text, finish_reason=delta.finish_reason)
-        if choice.text or choice.finish_reason:
-            chunk = GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=[choice])
-            yield encode_event(chunk)
+    encoder = ChunkEncoder(
+        GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=[])
+    )
+    async for deltas in steps:
+        choices: list[dict[str, Any]] = []
+        for delta in deltas:
+            num_tokens += delta.num_new_tokens
+            if delta.text or delta.finish_reason:
+                choices.append(
+                    {"index": delta.index, "text": delta.text, "finish_reason": delta.finish_reason}
+                )
+        if choices:
+            yield encoder.encode(choices)
     usage_chunk = GenerateStreamChunk(
         id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
     )
@@ -59,7 +69,7 @@ def build_native_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda deltas: _native_events(service, job, deltas),
+            lambda steps: _native_events(service, job, steps),
             lambda results: GenerateResponse(
                 id=job.request_id,
                 model=service.model_id,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -12,10 +13,8 @@ from protocol.generation import GenerationConfig
 from protocol.openai_api import (
     ChatCompletionChoice,
     ChatCompletionChunk,
-    ChatCompletionChunkChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
-    ChatDelta,
     ChatResponseMessage,
     CompletionChoice,
     CompletionRequest,
@@ -28,7 +27,7 @@ from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, answer_job, new_request_id
 from utils.errors import APIError, validation_api_error
-from utils.sse import encode_event
+from utils.sse import ChunkEncoder, encode_event
 
 
 def _generation_config(body: CompletionRequest | ChatCompletionRequest) -> GenerationConfig:
@@ -74,20 +73,30 @@ def _chat_job(
 async def _completion_events(
     service: GenerationService,
     job: Job,
-    deltas: AsyncIterator[TextDelta],
+    steps: AsyncIterator[list[TextDelta]],
     is_usage_streamed: bool,
 ) -> AsyncIterator[bytes]:
+    """One chunk per step (every choice that moved in it, as ``CompletionChoice``), then the
+    usage chunk if asked."""
     num_tokens = 0
-    async for delta in deltas:
-        num_tokens += delta.num_new_tokens
-        if not delta.text and delta.finish_reason is None:
-            continue
-        choice = CompletionChoice(
-            index=delta.index, text=delta.text, finish_reason=delta.finish_reason
-        )
-        yield encode_event(
-            CompletionResponse(id=job.request_id, model=service.model_id, choices=[choice])
-        )
+    encoder = ChunkEncoder(
+        CompletionResponse(id=job.request_id, model=service.model_id, choices=[])
+    )
+    async for deltas in steps:
+        choices: list[dict[str, Any]] = []
+        for delta in deltas:
+            num_tokens += delta.num_new_tokens
+            if delta.text or delta.finish_reason is not None:
+                choices.append(
+                    {
+                        "index": delta.index,
+                        "text": delta.text,
+                        "finish_reason": delta.finish_reason,
+                        "logprobs": None,
+                    }
+                )
+        if choices:
+            yield encoder.encode(choices)
     if is_usage_streamed:
         yield encode_event(
             CompletionResponse(
@@ -96,40 +105,49 @@ async def _completion_events(
         )
 
 
+def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any]:
+    """A choice's part of a chat chunk (a ``ChatCompletionChunkChoice``): its new text and,
+    once it ends, its finish reason.
+
+    OpenAI opens every choice with the assistant role; here the role rides on the choice's
+    first delta (as OpenAI-compatible servers such as llama.cpp's do) rather than costing an
+    event of its own.
+    """
+    chat_delta = (
+        {"role": "assistant", "content": delta.text}
+        if is_opening
+        else {"role": None, "content": delta.text or None}
+    )
+    return {
+        "index": delta.index,
+        "delta": chat_delta,
+        "finish_reason": delta.finish_reason,
+        "logprobs": None,
+    }
+
+
 async def _chat_events(
     service: GenerationService,
     job: Job,
-    deltas: AsyncIterator[TextDelta],
+    steps: AsyncIterator[list[TextDelta]],
     is_usage_streamed: bool,
 ) -> AsyncIterator[bytes]:
+    """One chunk per step (every choice that moved in it), then the usage chunk if asked."""
     num_tokens = 0
-    has_role: set[int] = set()
-
-    def chunk(choice: ChatCompletionChunkChoice) -> bytes:
-        return encode_event(
-            ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=[choice])
-        )
-
-    async for delta in deltas:
-        num_tokens += delta.num_new_tokens
-        if delta.index not in has_role:
-            # OpenAI opens every choice with a role-only delta; SDK helpers expect it.
-            has_role.add(delta.index)
-            yield chunk(
-                ChatCompletionChunkChoice(
-                    index=delta.index, delta=ChatDelta(role="assistant", content="")
-                )
-            )
-        if delta.text:
-            yield chunk(
-                ChatCompletionChunkChoice(index=delta.index, delta=ChatDelta(content=delta.text))
-            )
-        if delta.finish_reason is not None:
-            yield chunk(
-                ChatCompletionChunkChoice(
-                    index=delta.index, delta=ChatDelta(), finish_reason=delta.finish_reason
-                )
-            )
+    opened: set[int] = set()
+    encoder = ChunkEncoder(
+        ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=[])
+    )
+    async for deltas in steps:
+        choices: list[dict[str, Any]] = []
+        for delta in deltas:
+            num_tokens += delta.num_new_tokens
+            is_opening = delta.index not in opened
+            if is_opening or delta.text or delta.finish_reason is not None:
+                opened.add(delta.index)
+                choices.append(_chat_choice(delta, is_opening))
+        if choices:
+            yield encoder.encode(choices)
     if is_usage_streamed:
         yield encode_event(
             ChatCompletionChunk(
@@ -151,7 +169,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda deltas: _completion_events(service, job, deltas, body.is_usage_streamed),
+            lambda steps: _completion_events(service, job, steps, body.is_usage_streamed),
             lambda results: CompletionResponse(
                 id=job.request_id,
                 model=service.model_id,
@@ -172,7 +190,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda deltas: _chat_events(service, job, deltas, body.is_usage_streamed),
+            lambda steps: _chat_events(service, job, steps, body.is_usage_streamed),
             lambda results: ChatCompletionResponse(
                 id=job.request_id,
                 model=service.model_id,

@@ -137,8 +137,9 @@ class GenerationService:
         record.num_choices = len(sequences) * job.num_choices_per_sequence
         return job
 
-    async def iter_deltas(self, job: Job) -> AsyncIterator[TextDelta]:
-        """All deltas of the job, choice indices made global (prompt i, choice j -> i*n+j).
+    async def iter_steps(self, job: Job) -> AsyncIterator[list[TextDelta]]:
+        """The job's deltas, one list per engine step of a prompt (a stream writes one event
+        per list), choice indices made global (prompt i, choice j -> i*n+j).
 
         Raises ``APIError(504)`` when the request timeout passes.
         """
@@ -151,12 +152,13 @@ class GenerationService:
                     else self._merge(job)
                 )
                 # Closed here, not by the garbage collector: an early exit aborts at once.
-                async with contextlib.aclosing(sequences) as deltas:
-                    async for delta in deltas:
-                        record.num_completion_tokens += delta.num_new_tokens
-                        if delta.finish_reason is not None:
-                            record.finish_reasons[delta.index] = delta.finish_reason
-                        yield delta
+                async with contextlib.aclosing(sequences) as steps:
+                    async for deltas in steps:
+                        for delta in deltas:
+                            record.num_completion_tokens += delta.num_new_tokens
+                            if delta.finish_reason is not None:
+                                record.finish_reasons[delta.index] = delta.finish_reason
+                        yield deltas
         except TimeoutError:
             error = APIError(
                 504,
@@ -168,7 +170,9 @@ class GenerationService:
             record.error = exc.message
             raise
 
-    async def _iter_sequence(self, seq: SequenceRequest, offset: int) -> AsyncIterator[TextDelta]:
+    async def _iter_sequence(
+        self, seq: SequenceRequest, offset: int
+    ) -> AsyncIterator[list[TextDelta]]:
         self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
         first_token_time: float | None = None
         num_tokens = 0
@@ -183,7 +187,7 @@ class GenerationService:
                         )
                     num_tokens += delta.num_new_tokens
                     delta.index += offset
-                    yield delta
+                yield deltas
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
             self.metrics.generation_tokens.inc(num_tokens)
@@ -194,14 +198,14 @@ class GenerationService:
                     (now - first_token_time) / (num_tokens - 1)
                 )
 
-    async def _merge(self, job: Job) -> AsyncIterator[TextDelta]:
-        """Interleave the deltas of several prompts as they come."""
-        queue: asyncio.Queue[TextDelta | BaseException | None] = asyncio.Queue()
+    async def _merge(self, job: Job) -> AsyncIterator[list[TextDelta]]:
+        """Interleave the steps of several prompts as they come."""
+        queue: asyncio.Queue[list[TextDelta] | BaseException | None] = asyncio.Queue()
 
         async def pump(seq: SequenceRequest, offset: int) -> None:
             try:
-                async for delta in self._iter_sequence(seq, offset):
-                    queue.put_nowait(delta)
+                async for deltas in self._iter_sequence(seq, offset):
+                    queue.put_nowait(deltas)
                 queue.put_nowait(None)
             except Exception as exc:  # handed to the consumer, which re-raises
                 queue.put_nowait(exc)
@@ -227,12 +231,13 @@ class GenerationService:
     async def collect(self, job: Job) -> list[ChoiceResult]:
         """Run the job to the end and return every choice, ordered by index."""
         results: dict[int, ChoiceResult] = {}
-        async for delta in self.iter_deltas(job):
-            result = results.setdefault(delta.index, ChoiceResult(delta.index))
-            result.text_parts.append(delta.text)
-            result.num_tokens += delta.num_new_tokens
-            if delta.finish_reason is not None:
-                result.finish_reason = delta.finish_reason
+        async for deltas in self.iter_steps(job):
+            for delta in deltas:
+                result = results.setdefault(delta.index, ChoiceResult(delta.index))
+                result.text_parts.append(delta.text)
+                result.num_tokens += delta.num_new_tokens
+                if delta.finish_reason is not None:
+                    result.finish_reason = delta.finish_reason
         return [results[i] for i in sorted(results)]
 
 
@@ -241,14 +246,14 @@ async def answer_job(
     service: GenerationService,
     job: Job,
     is_stream: bool,
-    events: Callable[[AsyncIterator[TextDelta]], AsyncIterator[bytes]],
+    events: Callable[[AsyncIterator[list[TextDelta]]], AsyncIterator[bytes]],
     whole: Callable[[list[ChoiceResult]], BaseModel],
 ) -> Response:
-    """The HTTP answer of ``job`` in an API's shape: a primed SSE stream of ``events`` (errors
-    before the first token still get a JSON error status), or the ``whole`` answer once every
-    choice is done (cancelled if the caller goes away first)."""
+    """The HTTP answer of ``job`` in an API's shape: a primed SSE stream of ``events`` (at most
+    one event per step; errors before the first token still get a JSON error status), or the
+    ``whole`` answer once every choice is done (cancelled if the caller goes away first)."""
     if is_stream:
-        deltas = await prime(service.iter_deltas(job))
-        return sse_response(events(deltas))
+        steps = await prime(service.iter_steps(job))
+        return sse_response(events(steps))
     results = await run_unless_disconnected(request, service.collect(job))
     return Response(whole(results).model_dump_json(), media_type="application/json")

@@ -1,6 +1,8 @@
 """The async front of the engine: one engine loop in the compute thread (the thread that loaded
 the model, see ``server.common.compute_thread``), results handed to the awaiting coroutines
-through ``loop.call_soon_threadsafe`` (no polling anywhere).
+through ``loop.call_soon_threadsafe`` (no polling anywhere): one call per engine step carries
+the outputs of every request of that step, so the event loop is woken (one self-pipe write and
+one loop iteration) once per step, however many requests are streaming.
 
 It implements ``GenerationBackend``, so the shared HTTP layer serves it like any backend.
 """
@@ -62,10 +64,8 @@ class AsyncEngine(GenerationBackend):
                 await asyncio.wait_for(asyncio.wrap_future(self._loop_future), 30)
             except TimeoutError:
                 logger.warning("the engine loop did not stop within 30 s")
-        for request_id in list(self._streams):
-            output = self.engine.abort(request_id)
-            if output is not None:
-                self._deliver(request_id, output)
+        aborted = [(request_id, self.engine.abort(request_id)) for request_id in self._streams]
+        self._distribute([(request_id, out) for request_id, out in aborted if out is not None])
 
     def _submit(self, command: str, payload: Any) -> None:
         with self._wakeup:
@@ -117,11 +117,18 @@ class AsyncEngine(GenerationBackend):
             "prefix_cache_hit_tokens": self.engine.block_manager.num_prefix_hit_tokens,
         }
 
+    def _distribute(self, items: list[tuple[str, RequestOutput | APIError]]) -> None:
+        """Event-loop side of the hand-off: every output of one step to its stream's queue."""
+        for request_id, item in items:
+            queue = self._streams.get(request_id)
+            if queue is not None:  # None: the caller went away, its abort is on its way
+                queue.put_nowait(item)
+
     # -- engine thread --------------------------------------------------------------------
-    def _deliver(self, request_id: str, item: RequestOutput | APIError) -> None:
-        queue = self._streams.get(request_id)
-        if queue is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(queue.put_nowait, item)
+    def _hand_off(self, items: list[tuple[str, RequestOutput | APIError]]) -> None:
+        """Give one step's outputs to the event loop with a single wake-up."""
+        if items and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._distribute, items)
 
     def _run(self) -> None:
         engine = self.engine
@@ -132,22 +139,29 @@ class AsyncEngine(GenerationBackend):
                 if self._is_stopping:
                     return
                 commands, self._commands = self._commands, []
+            # Refusals of this round's commands travel with the step's outputs.
+            items: list[tuple[str, RequestOutput | APIError]] = []
             for command, payload in commands:
-                self._apply(command, payload)
+                refusal = self._apply(command, payload)
+                if refusal is not None:
+                    items.append(refusal)
             if engine.has_unfinished_requests():
                 try:
                     outputs = engine.step()
                 except Exception as exc:  # a bug or device error: fail what is in flight
                     logger.exception("engine step failed")
-                    self._fail_all(APIError(500, f"generation failed: {type(exc).__name__}"))
-                    continue
-                for output in outputs:
-                    self._deliver(output.request_id, _failure(output) or output)
+                    items.extend(
+                        self._fail_all(APIError(500, f"generation failed: {type(exc).__name__}"))
+                    )
+                    outputs = []
+                items.extend((output.request_id, _failure(output) or output) for output in outputs)
+            self._hand_off(items)
 
-    def _apply(self, command: str, payload: Any) -> None:
+    def _apply(self, command: str, payload: Any) -> tuple[str, APIError] | None:
+        """Run one command; a refused request comes back with its error."""
         if command == "abort":
             self.engine.abort(payload)
-            return
+            return None
         request: SequenceRequest = payload
         try:
             self.engine.add_request(request)
@@ -156,12 +170,14 @@ class AsyncEngine(GenerationBackend):
                 error = overloaded(exc.message, retry_after_seconds=1)
             else:
                 error = APIError(exc.status_code, exc.message)
-            self._deliver(request.request_id, error)
+            return request.request_id, error
+        return None
 
-    def _fail_all(self, error: APIError) -> None:
-        for request_id in list(self.engine.groups):
+    def _fail_all(self, error: APIError) -> list[tuple[str, APIError]]:
+        failed = list(self.engine.groups)
+        for request_id in failed:
             self.engine.abort(request_id)
-            self._deliver(request_id, error)
+        return [(request_id, error) for request_id in failed]
 
 
 def _failure(output: RequestOutput) -> APIError | None:

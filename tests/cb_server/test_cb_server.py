@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from protocol.generation import GenerationConfig
+from protocol.openai_api import ChatCompletionChunk
 from server.common.app import create_server_app
 from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
@@ -156,3 +157,39 @@ def test_bad_bodies_get_4xx_and_server_keeps_serving(cb_server: ServerThread, bo
         timeout=60,
     )
     assert ok.status_code == 200
+
+
+def test_a_stream_sends_one_event_per_step(cb_server: ServerThread) -> None:
+    """Both choices of a step travel in one chat chunk; each opens with the assistant role."""
+    max_tokens = 6
+    body = {
+        "model": MODEL_ID,
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "n": 2,
+        "temperature": 0.8,
+        "seed": 3,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    url = f"{cb_server.url}/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=60) as response:
+        assert response.status_code == 200
+        data = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+    assert data[-1] == "[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    *events, usage = chunks
+    assert usage["usage"]["completion_tokens"] == 2 * max_tokens
+    assert 0 < len(events) <= max_tokens  # at most one event per engine step
+    seen: dict[int, list[dict]] = {0: [], 1: []}
+    for event in events:
+        assert ChatCompletionChunk.model_validate(event).model_dump(mode="json") == event
+        indices = [c["index"] for c in event["choices"]]
+        assert len(indices) == len(set(indices))
+        for choice in event["choices"]:
+            seen[choice["index"]].append(choice)
+    for choices in seen.values():
+        assert [c["delta"].get("role") for c in choices][:1] == ["assistant"]
+        assert all(c["delta"].get("role") is None for c in choices[1:])
+        assert [c["finish_reason"] for c in choices if c["finish_reason"]] == ["length"]
