@@ -8,6 +8,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from protocol.generation import GenerateRequest
+from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from server.common.backend import GenerationBackend
 from server.common.metrics import ServerMetrics
 from server.common.native_routes import build_native_router
@@ -15,6 +17,7 @@ from server.common.openai_routes import build_openai_router
 from server.common.request_context import RequestContextMiddleware
 from server.common.service import GenerationService, ServingSettings
 from utils.errors import install_error_handlers
+from utils.openapi import document_models
 from utils.request_id import RequestIdMiddleware
 
 
@@ -65,4 +68,5 @@ def create_server_app(
     app.add_middleware(RequestIdMiddleware)  # outermost: the id is there for everything inside
     app.include_router(build_native_router(service))
     app.include_router(build_openai_router(service))
+    document_models(app, [GenerateRequest, CompletionRequest, ChatCompletionRequest])
     return app

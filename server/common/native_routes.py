@@ -18,6 +18,7 @@ from protocol.health import HealthResponse
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, answer_job, new_request_id
+from utils.openapi import json_body
 from utils.sse import ChunkEncoder, encode_event
 
 
@@ -60,7 +61,9 @@ def build_native_router(service: GenerationService) -> APIRouter:
     """Routes of the native API over ``service``."""
     router = APIRouter()
 
-    @router.post("/generate", response_model=GenerateResponse)
+    @router.post(
+        "/generate", response_model=GenerateResponse, openapi_extra=json_body(GenerateRequest)
+    )
     async def generate(request: Request) -> Response:
         body = await parse_body(request, GenerateRequest)
         job = _native_job(service, body, request_record(request))

@@ -27,6 +27,7 @@ from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, answer_job, new_request_id
 from utils.errors import APIError, validation_api_error
+from utils.openapi import json_body
 from utils.sse import ChunkEncoder, encode_event
 
 
@@ -160,7 +161,11 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     """Routes of the OpenAI-compatible API over ``service``."""
     router = APIRouter(prefix="/v1")
 
-    @router.post("/completions", response_model=CompletionResponse)
+    @router.post(
+        "/completions",
+        response_model=CompletionResponse,
+        openapi_extra=json_body(CompletionRequest),
+    )
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest)
         job = _completion_job(service, body, request_record(request))
@@ -181,7 +186,11 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             ),
         )
 
-    @router.post("/chat/completions", response_model=ChatCompletionResponse)
+    @router.post(
+        "/chat/completions",
+        response_model=ChatCompletionResponse,
+        openapi_extra=json_body(ChatCompletionRequest),
+    )
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest)
         job = _chat_job(service, body, request_record(request))

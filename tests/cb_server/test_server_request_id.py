@@ -104,3 +104,17 @@ def test_sane_request_id() -> None:
     assert sane_request_id("x" * 128) == "x" * 128
     for bad in (None, "", "   ", "x" * 129, "line\nbreak", "caf\u00e9"):
         assert sane_request_id(bad) is None
+
+
+def test_openapi_documents_the_request_models(cb_server: ServerThread) -> None:
+    schema = httpx.get(f"{cb_server.url}/openapi.json", timeout=10).json()
+    components = schema["components"]["schemas"]
+    for path, model in (
+        ("/generate", "GenerateRequest"),
+        ("/v1/completions", "CompletionRequest"),
+        ("/v1/chat/completions", "ChatCompletionRequest"),
+    ):
+        body = schema["paths"][path]["post"]["requestBody"]["content"]["application/json"]
+        assert body["schema"] == {"$ref": f"#/components/schemas/{model}"}
+        assert components[model]["type"] == "object"
+    assert "generation_config" in components["GenerateRequest"]["properties"]
