@@ -1,4 +1,5 @@
-"""X-Request-ID on a real CB server: echoed (streams too) or generated, and in the log line."""
+"""The HTTP layer of a real CB server: X-Request-ID echoed (streams too) or generated and in the
+log line; the request models in /openapi.json."""
 
 from __future__ import annotations
 
