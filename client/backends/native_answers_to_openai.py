@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from utils.sse import encode_done, encode_event
+from utils.sse import encode_event
 
 CHAT_PATH = "/v1/chat/completions"
 COMPLETIONS_PATH = "/v1/completions"
@@ -69,8 +69,3 @@ class OpenAIShaper:
             usage_event = {**self._base(native["id"], obj), "choices": [], "usage": native["usage"]}
             events.append(encode_event(usage_event))
         return b"".join(events)
-
-    @staticmethod
-    def done() -> bytes:
-        """The closing ``[DONE]`` event."""
-        return encode_done()

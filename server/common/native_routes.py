@@ -17,7 +17,7 @@ from protocol.generation import (
 from protocol.health import HealthResponse
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import GenerationService, Job, answer_job, new_request_id
+from server.common.service import GenerationService, Job, answer_job, new_response_id
 from utils.openapi import json_body
 from utils.sse import ChunkEncoder, encode_event
 
@@ -29,7 +29,7 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
         token_ids = service.prompts.encode(prompt, is_chat=True)
     else:
         token_ids = service.prompts.encode(body.prompt or "")
-    return service.make_job(new_request_id("gen"), [token_ids], body.generation_config, record)
+    return service.make_job(new_response_id("gen"), [token_ids], body.generation_config, record)
 
 
 async def _native_events(

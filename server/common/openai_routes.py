@@ -25,7 +25,7 @@ from protocol.openai_api import (
 )
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import GenerationService, Job, answer_job, new_request_id
+from server.common.service import GenerationService, Job, answer_job, new_response_id
 from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
 from utils.sse import ChunkEncoder, encode_event
@@ -53,7 +53,7 @@ def _completion_job(
         service.prompts.check_token_ids(p) if isinstance(p, list) else service.prompts.encode(p)
         for p in body.prompts()
     ]
-    return service.make_job(new_request_id("cmpl"), prompts, config, record)
+    return service.make_job(new_response_id("cmpl"), prompts, config, record)
 
 
 def _chat_job(
@@ -68,7 +68,7 @@ def _chat_job(
         template_kwargs=body.chat_template_kwargs,
     )
     token_ids = service.prompts.encode(prompt, is_chat=True)
-    return service.make_job(new_request_id("chatcmpl"), [token_ids], config, record)
+    return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record)
 
 
 async def _completion_events(

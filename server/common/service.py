@@ -74,8 +74,9 @@ class Job:
         )
 
 
-def new_request_id(prefix: str) -> str:
-    """A unique id such as ``chatcmpl-3f2a...``."""
+def new_response_id(prefix: str) -> str:
+    """A unique answer id such as ``chatcmpl-3f2a...`` (not the request id that follows a
+    request through the logs: that is ``utils.request_id``'s)."""
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
