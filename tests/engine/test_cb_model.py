@@ -25,6 +25,7 @@ from server.continuous_batching.model import (
     kv_cache_shape,
     paged_attention,
 )
+from server.continuous_batching.model.decoder_ops import TorchDecoderOps, decoder_ops_for
 from server.continuous_batching.model.paged_attention import BLOCK_DIAGONAL_MAX_KV_HEADS
 from server.continuous_batching.weights import WeightLoadError, load_model
 
@@ -77,8 +78,14 @@ class PagedRunner:
             query_lens.append(len(new))
             context_lens.append(len(past))
             tables.append(table)
-        meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, CPU)
-        hidden = self.model(torch.tensor(ids), torch.tensor(positions), self.caches, meta)
+        # Decode-only steps get the kernel's tables when the model has a kernel backend.
+        kernel = self.model.attention_backend != "torch"
+        meta = build_attention_metadata(
+            query_lens, context_lens, tables, BLOCK_SIZE, CPU, with_decode_tables=kernel
+        )
+        hidden = self.model(
+            torch.tensor(ids), torch.tensor(positions), self.caches, meta, block_size=BLOCK_SIZE
+        )
         last = torch.tensor(query_lens).cumsum(0) - 1
         return self.model.compute_logits(hidden[last])
 
@@ -107,6 +114,19 @@ def prompt_ids(tokenizer) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def ours(default_model_path: Path) -> LlamaForCausalLM:
     return load_model(loading(default_model_path))[0]
+
+
+def use_ops(model: LlamaForCausalLM, name: str) -> LlamaForCausalLM:
+    """Switch ``model`` to the fused CPU kernels ("fused", skipped where they cannot be built)
+    or to the plain torch reference ops ("torch")."""
+    if name == "torch":
+        model.set_decoder_ops(TorchDecoderOps())
+        return model
+    ops = decoder_ops_for(CPU, use_cpu_kernels=True)
+    if ops.attention_backend != "cpu":
+        pytest.skip("the fused CPU kernels could not be built")
+    model.set_decoder_ops(ops)
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -146,11 +166,16 @@ def test_batched_prefill_logits_match_hf(ours, hf_model, prompt_ids) -> None:
         assert_logits_close(logits[i], hf_last_logits(hf_model, ids))
 
 
-@pytest.mark.parametrize("max_kv_heads", [BLOCK_DIAGONAL_MAX_KV_HEADS, 0], ids=["bd", "per_head"])
-def test_greedy_matches_hf(ours, prompt_ids, hf_tokens, max_kv_heads, monkeypatch) -> None:
-    # Both decode attention layouts (block-diagonal and per-head) must give HF's tokens.
+@pytest.mark.parametrize(
+    "ops,max_kv_heads",
+    [("torch", BLOCK_DIAGONAL_MAX_KV_HEADS), ("torch", 0), ("fused", 0)],
+    ids=["torch_bd", "torch_per_head", "fused_kernels"],
+)
+def test_greedy_matches_hf(ours, prompt_ids, hf_tokens, ops, max_kv_heads, monkeypatch) -> None:
+    # Both torch decode attention layouts (block-diagonal and per-head) and the fused CPU
+    # kernels must give HF's tokens.
     monkeypatch.setattr(paged_attention, "BLOCK_DIAGONAL_MAX_KV_HEADS", max_kv_heads)
-    assert greedy(PagedRunner(ours), prompt_ids, steps=8) == hf_tokens
+    assert greedy(PagedRunner(use_ops(ours, ops)), prompt_ids, steps=8) == hf_tokens
 
 
 def test_chunked_prefill_matches_single_forward(ours, hf_model, prompt_ids) -> None:
@@ -165,8 +190,9 @@ def test_chunked_prefill_matches_single_forward(ours, hf_model, prompt_ids) -> N
     assert_logits_close(chunked, hf_last_logits(hf_model, ids))
 
 
-def test_mixed_step_decode_and_prefill(ours, hf_model, prompt_ids) -> None:
-    runner = PagedRunner(ours)
+@pytest.mark.parametrize("ops", ["torch", "fused"])
+def test_mixed_step_decode_and_prefill(ours, hf_model, prompt_ids, ops) -> None:
+    runner = PagedRunner(use_ops(ours, ops))
     first = runner.step([("a", prompt_ids[0])])[0].argmax().item()
     runner.step([("c", prompt_ids[2][:3])])
     # One forward: a prefill, a decode and a second prefill chunk (prompt in the middle).
@@ -179,8 +205,10 @@ def test_mixed_step_decode_and_prefill(ours, hf_model, prompt_ids) -> None:
 def test_bfloat16_greedy_matches_hf(default_model_path, prompt_ids) -> None:
     ours_bf16 = load_model(loading(default_model_path, "bfloat16"))[0]
     hf_bf16 = AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.bfloat16)
-    tokens = greedy(PagedRunner(ours_bf16), prompt_ids[:1], steps=8)[0]
-    assert tokens == hf_greedy(hf_bf16.eval(), prompt_ids[0], 8)
+    expected = hf_greedy(hf_bf16.eval(), prompt_ids[0], 8)
+    for ops in ("fused", "torch"):
+        tokens = greedy(PagedRunner(use_ops(ours_bf16, ops)), prompt_ids[:1], steps=8)[0]
+        assert tokens == expected, ops
 
 
 def tiny_llama(tmp_path: Path) -> tuple[Path, PreTrainedModel]:

@@ -28,6 +28,7 @@ pytest.importorskip("triton", reason="triton is not installed (pip install trito
 
 from server.continuous_batching.model import triton_paged_attention as tpa  # noqa: E402
 from server.continuous_batching.model.attention import build_attention_metadata  # noqa: E402
+from server.continuous_batching.model.decoder_ops import TorchDecoderOps  # noqa: E402
 from server.continuous_batching.model.paged_attention import PagedAttention  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -201,6 +202,8 @@ def test_engine_decodes_through_the_kernels_like_the_torch_path(
         write_kv(*args)
 
     monkeypatch.setattr(tpa, "write_kv_cache", counting_write_kv)
+    # As on CUDA: torch decoder ops (the fused CPU ones write K/V themselves), triton attention.
+    monkeypatch.setattr(cb_runner.model, "decoder_ops", TorchDecoderOps())
     monkeypatch.setattr(cb_runner.model, "attention_backend", "triton")
     monkeypatch.setattr(cb_runner, "attention_backend", "triton")
     monkeypatch.setattr(cb_runner, "is_padding_decodes", True)

@@ -2,9 +2,10 @@
 
 The tokens of every sequence in a step (prefill chunks and decodes alike) are flattened into
 one [num_tokens] axis and go through one forward. Per layer that is: RMSNorm, one fused q/k/v
-matmul, RoPE on q and k together, the cache writes, paged attention (a few kernels per group),
-o_proj with the residual add fused into ``addmm``, RMSNorm, one fused gate/up matmul,
-SiLU * up, down_proj fused with the residual add. No Python loop over sequences or tokens and
+matmul, RoPE on q and k together with the cache writes, paged attention, o_proj with the
+residual add fused into the matmul, RMSNorm, one fused gate/up matmul, SiLU * up, down_proj
+fused with the residual add. The element-wise steps come from ``decoder_ops`` (torch, or the
+fused C++ kernels on a CPU). No Python loop over sequences or tokens and
 no host synchronisation happen inside the forward.
 """
 
@@ -17,9 +18,10 @@ from torch import nn
 from . import triton_paged_attention
 from .architecture import ModelArchConfig
 from .attention import AttentionMetadata
+from .decoder_ops import TorchDecoderOps, decoder_ops_for
 from .linear import Linear, LinearLike, can_prepack
 from .paged_attention import AttentionBackend, PagedAttention
-from .rotary import RotaryTables, apply_rope
+from .rotary import RotaryTables
 
 __all__ = [
     "LlamaDecoderLayer",
@@ -143,32 +145,18 @@ class LlamaDecoderLayer(nn.Module):
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         attention: PagedAttention,
+        ops: TorchDecoderOps,
     ) -> torch.Tensor:
         """x: residual stream [T, hidden]; returns the updated residual stream."""
-        t, hidden = x.shape
-        qk_heads = self.num_heads + self.num_kv_heads
-        h = self._norm(x, self.input_layernorm)
-        qkv = self.qkv(h)
-        # q and k are rotated together: one set of RoPE kernels for both.
-        qk = apply_rope(qkv[:, : qk_heads * self.head_dim].view(t, qk_heads, -1), cos, sin)
-        v = qkv[:, qk_heads * self.head_dim :].view(t, self.num_kv_heads, -1)
-        k_cache, v_cache = kv_cache
-        attention.write_kv(qk[:, self.num_heads :], v, k_cache, v_cache)
+        h = ops.rms_norm(x, self.input_layernorm, self.eps)
+        # RoPE on q and k, and this step's K/V stored in the cache.
+        q = ops.rope_write_kv(self.qkv(h), cos, sin, kv_cache, attention)
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
-        attn = attention(qk[:, : self.num_heads], k_cache, v_cache)
+        attn = attention(q, kv_cache[0], kv_cache[1])
         x = self._add(x, self.o_proj, attn)
-        h = self._norm(x, self.post_attention_layernorm)
-        gate_up = self.gate_up(h)
-        act = F.silu(gate_up[:, : self.inter]).mul_(gate_up[:, self.inter :])
-        return self._add(x, self.down, act)
-
-    def _norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """RMSNorm of the residual stream, returned in the compute dtype."""
-        if x.dtype == weight.dtype:
-            return F.rms_norm(x, (x.shape[-1],), weight, self.eps)
-        # float32 residual stream of a 16-bit model: normalise in float32 (as HF does).
-        return F.rms_norm(x, (x.shape[-1],), weight.float(), self.eps).to(weight.dtype)
+        h = ops.rms_norm(x, self.post_attention_layernorm, self.eps)
+        return self._add(x, self.down, ops.silu_and_mul(self.gate_up(h)))
 
     @staticmethod
     def _add(residual: torch.Tensor, linear: LinearLike, x: torch.Tensor) -> torch.Tensor:
@@ -181,7 +169,14 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     """Llama-family causal LM over a paged KV cache (see the module docstring)."""
 
-    def __init__(self, config: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        dtype: torch.dtype,
+        device: torch.device,
+        use_cpu_kernels: bool = True,
+    ) -> None:
+        """``use_cpu_kernels``: on a CPU, run the fused C++ kernels when they can be built."""
         super().__init__()
         self.config = config
         self.dtype = dtype
@@ -198,11 +193,19 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryTables(config, dtype, self.device)
         self.residual_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         self.lm_head_linear = Linear(self.lm_head, None, is_packed=False)
-        #: "triton" on CUDA with triton installed: decode-only steps (whose metadata carries
-        #: DecodeTables) use the paged-attention kernels; the CPU always runs torch.
-        self.attention_backend: AttentionBackend = (
-            "triton" if triton_paged_attention.is_available(self.device) else "torch"
-        )
+        self.decoder_ops: TorchDecoderOps = TorchDecoderOps()
+        self.attention_backend: AttentionBackend = "torch"
+        self.set_decoder_ops(decoder_ops_for(self.device, use_cpu_kernels))
+
+    def set_decoder_ops(self, ops: TorchDecoderOps) -> None:
+        """Run the element-wise steps with ``ops`` and pick the matching attention backend:
+        decode-only steps (whose metadata then carries DecodeTables) go to the Triton kernels
+        on CUDA with triton installed, to the fused kernel with the fused CPU ops, else torch."""
+        self.decoder_ops = ops
+        if triton_paged_attention.is_available(self.device):
+            self.attention_backend = "triton"
+        else:
+            self.attention_backend = ops.attention_backend
 
     def finalize(self, prepack: bool | None = None) -> None:
         """Call once the weights are loaded: prepacks CPU matmul weights when possible
@@ -255,9 +258,9 @@ class LlamaForCausalLM(nn.Module):
         # it without rounding, which keeps bfloat16 logits about twice as close to float32.
         x = F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, attention)
+            x = layer(x, cos, sin, kv_cache, attention, self.decoder_ops)
         if x.dtype == self.norm.dtype:
-            return F.rms_norm(x, (c.hidden_size,), self.norm, c.rms_norm_eps)
+            return self.decoder_ops.rms_norm(x, self.norm, c.rms_norm_eps)
         # Kept in float32: compute_logits refines the best candidates from it.
         return F.rms_norm(x, (c.hidden_size,), self.norm.float(), c.rms_norm_eps)
 

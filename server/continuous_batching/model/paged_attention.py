@@ -23,26 +23,30 @@ gather K/V once, in big chunks, and to give the GEMMs a usable shape:
 
 The ``triton`` backend (CUDA only, chosen by the model) sends decode-only steps, whose metadata
 then carries ``DecodeTables`` instead of groups, to ``triton_paged_attention``: no gather copy,
-and K/V are written by its kernel too. Every other step keeps the torch path above, which stays
-the reference the kernel is tested against.
+and K/V are written by its kernel too. The ``cpu`` backend (chosen with the fused CPU decoder
+ops) sends decode-only steps to the C++ kernel ``cpu_kernels.paged_decode_attention``, which
+likewise reads K/V through the block tables and computes only each row's own context. Every
+other step keeps the torch path above, which stays the reference both kernels are tested
+against.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 from typing import Literal
 
 import torch
 import torch.nn.functional as F
 
-from . import triton_paged_attention
+from . import cpu_kernels, triton_paged_attention
 from .attention import AttentionGroup, AttentionMetadata
 
 #: Up to this many kv heads, decode uses the block-diagonal query layout (see module doc).
 BLOCK_DIAGONAL_MAX_KV_HEADS = 4
 
-AttentionBackend = Literal["torch", "triton"]
+AttentionBackend = Literal["torch", "triton", "cpu"]
 
 
 @lru_cache(maxsize=8)
@@ -53,6 +57,13 @@ def _block_diagonal_mask(
     kv_of_head = torch.arange(kv_heads * rep, device=device) // rep
     own = kv_of_head[:, None] == torch.arange(kv_heads, device=device)[None, :]
     return own.to(dtype).unsqueeze(-1)
+
+
+def _cpu_kernels() -> ModuleType:
+    module = cpu_kernels.load()
+    if module is None:  # the model picks the cpu backend only when they loaded
+        raise RuntimeError("the cpu attention backend needs the fused CPU kernels")
+    return module
 
 
 @dataclass
@@ -83,12 +94,13 @@ class PagedAttention:
         backend: AttentionBackend = "torch",
         block_size: int = 0,
     ) -> None:
-        """``block_size`` is only read by the triton backend (its kernels address slots)."""
+        """``block_size`` is only read by the kernel backends (they address slots)."""
         self.meta = meta
-        #: The Triton kernels run this step (decode-only, triton backend); else torch.
-        self.is_kernel_step = backend == "triton" and meta.decode is not None
+        self.backend = backend
+        #: A kernel runs this step (decode-only, triton or cpu backend); else torch.
+        self.is_kernel_step = backend != "torch" and meta.decode is not None
         if self.is_kernel_step and block_size < 1:
-            raise ValueError("the triton backend needs the cache's block_size")
+            raise ValueError(f"the {backend} backend needs the cache's block_size")
         self.block_size = block_size
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -133,7 +145,7 @@ class PagedAttention:
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
     ) -> None:
         """Store the step's k/v [T, kv_heads, head_dim] at their slots (before __call__)."""
-        if self.is_kernel_step:
+        if self.is_kernel_step and self.backend == "triton":
             triton_paged_attention.write_kv_cache(k, v, k_cache, v_cache, self.meta.slot_mapping)
             return
         k_cache.index_copy_(0, self.meta.slot_mapping, k)
@@ -144,6 +156,18 @@ class PagedAttention:
     ) -> torch.Tensor:
         """q: [T, heads, head_dim] (rotated, may be strided); caches already hold this step's
         K/V. Returns [T, heads * head_dim] in flat token order."""
+        if self.is_kernel_step and self.backend == "cpu":
+            decode = self.meta.decode
+            out = _cpu_kernels().paged_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                decode.block_tables,
+                decode.context_lens,
+                self.block_size,
+                self.scale,
+            )
+            return out.view(q.shape[0], self.num_heads * self.head_dim)
         if self.is_kernel_step:
             decode = self.meta.decode
             out = triton_paged_attention.paged_decode_attention(

@@ -71,11 +71,9 @@ class RotaryTables:
         self.max_positions = config.max_position_embeddings
 
     def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin rows for ``positions`` [T], shaped [T, 1, head_dim] to broadcast
-        over heads. Done once per forward and shared by all layers."""
-        cos = self.cos.index_select(0, positions).unsqueeze(1)
-        sin = self.sin_signed.index_select(0, positions).unsqueeze(1)
-        return cos, sin
+        """cos and signed sin rows [T, head_dim] for ``positions`` [T]. Done once per forward
+        and shared by all layers."""
+        return self.cos.index_select(0, positions), self.sin_signed.index_select(0, positions)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,109 @@
+"""The decoder's element-wise steps, as torch ops (the reference) or as fused CPU kernels.
+
+A layer asks its ``DecoderOps`` for RMSNorm, SiLU-and-multiply and "rotate q/k and write the
+step's K/V to the cache". ``TorchDecoderOps`` runs them as plain torch ops on any device: it is
+the reference the fused kernels are tested against. ``FusedCpuDecoderOps`` runs each as one
+pass of the C++ extension in ``cpu_kernels`` (float32 inside, one rounding), which on a CPU
+saves several small ops and temporaries per layer.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+from . import cpu_kernels
+from .paged_attention import AttentionBackend, PagedAttention
+from .rotary import apply_rope
+
+
+class TorchDecoderOps:
+    """Plain torch: the reference, and the path on CUDA or without the extension."""
+
+    name = "torch"
+    #: The PagedAttention backend for decode-only steps that goes with these ops.
+    attention_backend: AttentionBackend = "torch"
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """RMSNorm of the residual stream x [T, N], returned in the weight's dtype."""
+        if x.dtype == weight.dtype:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
+        # float32 residual stream of a 16-bit model: normalise in float32 (as HF does).
+        return F.rms_norm(x, (x.shape[-1],), weight.float(), eps).to(weight.dtype)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """SiLU(gate) * up of the fused gate/up output [T, 2I] -> [T, I]."""
+        inter = gate_up.shape[-1] // 2
+        return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+
+    def rope_write_kv(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        attention: PagedAttention,
+    ) -> torch.Tensor:
+        """Rotate q and k of the fused qkv [T, (H + 2 KVH) * D] (cos/sin [T, D]), store the
+        rotated k and v at the step's cache slots and return q [T, H, D] rotated."""
+        k_cache, v_cache = kv_cache
+        t = qkv.shape[0]
+        num_heads, kv_heads, head_dim = (
+            attention.num_heads,
+            attention.num_kv_heads,
+            attention.head_dim,
+        )
+        qk_heads = num_heads + kv_heads
+        # q and k are rotated together: one set of RoPE kernels for both.
+        qk = apply_rope(
+            qkv[:, : qk_heads * head_dim].view(t, qk_heads, head_dim),
+            cos.unsqueeze(1),
+            sin_signed.unsqueeze(1),
+        )
+        v = qkv[:, qk_heads * head_dim :].view(t, kv_heads, head_dim)
+        attention.write_kv(qk[:, num_heads:], v, k_cache, v_cache)
+        return qk[:, :num_heads]
+
+
+class FusedCpuDecoderOps(TorchDecoderOps):
+    """The same steps as single passes of the C++ extension (CPU tensors only)."""
+
+    name = "fused CPU kernels"
+    attention_backend: AttentionBackend = "cpu"
+
+    def __init__(self, module: ModuleType) -> None:
+        self.module = module
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """See ``TorchDecoderOps.rms_norm``."""
+        return self.module.rms_norm(x, weight, eps)
+
+    def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """See ``TorchDecoderOps.silu_and_mul``."""
+        return self.module.silu_and_mul(gate_up)
+
+    def rope_write_kv(
+        self,
+        qkv: torch.Tensor,
+        cos: torch.Tensor,
+        sin_signed: torch.Tensor,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        attention: PagedAttention,
+    ) -> torch.Tensor:
+        """See ``TorchDecoderOps.rope_write_kv``."""
+        k_cache, v_cache = kv_cache
+        slots = attention.meta.slot_mapping
+        return self.module.rope_write_kv(
+            qkv, cos, sin_signed, k_cache, v_cache, slots, attention.num_heads
+        )
+
+
+def decoder_ops_for(device: torch.device, use_cpu_kernels: bool) -> TorchDecoderOps:
+    """Fused kernels on a CPU when asked for and buildable; else the torch reference."""
+    if device.type == "cpu" and use_cpu_kernels:
+        module = cpu_kernels.load()
+        if module is not None:
+            return FusedCpuDecoderOps(module)
+    return TorchDecoderOps()

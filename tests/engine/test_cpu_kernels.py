@@ -1,0 +1,209 @@
+"""The fused CPU kernels (C++ extension) against the torch reference ops and exact float64 math.
+
+The extension is built by ``make venv`` (``python -m server.continuous_batching.model.
+cpu_kernels``); here ``load()`` finds it, or builds it once. Where it cannot be built the
+kernel tests skip with the reason, except on CI, which builds it and must run them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from server.continuous_batching.model import build_attention_metadata, cpu_kernels
+from server.continuous_batching.model.decoder_ops import (
+    FusedCpuDecoderOps,
+    TorchDecoderOps,
+    decoder_ops_for,
+)
+from server.continuous_batching.model.paged_attention import PagedAttention
+
+BLOCK_SIZE = 16
+CPU = torch.device("cpu")
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    module = cpu_kernels.load()
+    if module is None:
+        why = "the fused CPU kernels could not be built (see the log)"
+        if os.environ.get("CI"):
+            pytest.fail(why)  # make venv builds them on CI: a missing build is a broken setup
+        pytest.skip(why)
+    return module
+
+
+def _random_tables(context_lens: list[int], gen: torch.Generator) -> tuple[list[list[int]], int]:
+    """Disjoint, shuffled block lists (a wrong lookup reads another sequence's keys)."""
+    needed = [-(-n // BLOCK_SIZE) for n in context_lens]
+    num_blocks = sum(needed) + 3
+    order = torch.randperm(num_blocks, generator=gen).tolist()
+    tables, start = [], 0
+    for n in needed:
+        tables.append(order[start : start + n])
+        start += n
+    return tables, num_blocks
+
+
+def _exact_attention(q, k_cache, v_cache, tables, context_lens) -> torch.Tensor:
+    """float64 decode attention, one sequence at a time: [T, H * D]."""
+    heads, kv_heads, dim = q.shape[1], k_cache.shape[1], q.shape[2]
+    rows = []
+    for s, length in enumerate(context_lens):
+        slots = [tables[s][p // BLOCK_SIZE] * BLOCK_SIZE + p % BLOCK_SIZE for p in range(length)]
+        k, v = k_cache[slots].double(), v_cache[slots].double()  # [L, KVH, D]
+        qs = q[s].double().view(kv_heads, heads // kv_heads, dim)
+        scores = torch.einsum("grd,lgd->grl", qs, k) * dim**-0.5
+        rows.append(torch.einsum("grl,lgd->grd", scores.softmax(-1), v).reshape(-1))
+    return torch.stack(rows)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize(
+    "heads,kv_heads,dim",
+    [(9, 3, 64), (8, 8, 64), (12, 2, 128), (10, 2, 32), (6, 3, 80)],
+    ids=["gqa3_d64", "mha_d64", "gqa6_d128", "gqa5_d32", "gqa2_d80"],
+)
+def test_paged_decode_attention(kernels, dtype, heads, kv_heads, dim) -> None:
+    # d64/d128 take the AVX-512 passes (where the CPU has them), d32/d80 the portable loops;
+    # rep 6 crosses the four-heads-at-a-time register tiles. Lengths hit 1, block boundaries
+    # and odd tails.
+    gen = torch.Generator().manual_seed(heads * 100 + dim)
+    context_lens = [1, 15, 16, 17, 32, 33, 100, 257]
+    tables, num_blocks = _random_tables(context_lens, gen)
+    shape = (num_blocks * BLOCK_SIZE, kv_heads, dim)
+    k_cache = torch.randn(shape, generator=gen).to(dtype)
+    v_cache = torch.randn(shape, generator=gen).to(dtype)
+    # q is a strided view, as the model passes it (the k heads follow in the same rows).
+    q = torch.randn(len(context_lens), heads + kv_heads, dim, generator=gen).to(dtype)[:, :heads]
+    meta = build_attention_metadata(
+        [1] * len(context_lens), context_lens, tables, BLOCK_SIZE, CPU, with_decode_tables=True
+    )
+    out = kernels.paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        meta.decode.block_tables,
+        meta.decode.context_lens,
+        BLOCK_SIZE,
+        dim**-0.5,
+    )
+    assert out.dtype == dtype and out.shape == (len(context_lens), heads, dim)
+    exact = _exact_attention(q, k_cache, v_cache, tables, context_lens)
+    reference = PagedAttention(
+        build_attention_metadata([1] * len(context_lens), context_lens, tables, BLOCK_SIZE, CPU),
+        heads,
+        kv_heads,
+        dim,
+        dtype,
+    )(q, k_cache, v_cache)
+    kernel_error = (out.reshape(len(context_lens), -1).double() - exact).abs().max().item()
+    torch_error = (reference.double() - exact).abs().max().item()
+    # Float32 inside and one rounding: never worse than the torch path (plus rounding slack).
+    assert kernel_error <= max(torch_error, TOLERANCE[dtype] / 4) * 1.01
+    assert kernel_error < TOLERANCE[dtype]
+
+
+def test_attention_through_paged_attention_backend(kernels) -> None:
+    # The "cpu" backend of PagedAttention routes decode-only steps to the kernel.
+    gen = torch.Generator().manual_seed(1)
+    context_lens = [5, 40, 18]
+    tables, num_blocks = _random_tables(context_lens, gen)
+    k_cache = torch.randn(num_blocks * BLOCK_SIZE, 3, 64, generator=gen)
+    v_cache = torch.randn(num_blocks * BLOCK_SIZE, 3, 64, generator=gen)
+    q = torch.randn(3, 9, 64, generator=gen)
+    kernel_meta = build_attention_metadata(
+        [1, 1, 1], context_lens, tables, BLOCK_SIZE, CPU, with_decode_tables=True
+    )
+    attention = PagedAttention(kernel_meta, 9, 3, 64, torch.float32, "cpu", BLOCK_SIZE)
+    assert attention.is_kernel_step
+    torch_meta = build_attention_metadata([1, 1, 1], context_lens, tables, BLOCK_SIZE, CPU)
+    expected = PagedAttention(torch_meta, 9, 3, 64, torch.float32)(q, k_cache, v_cache)
+    torch.testing.assert_close(attention(q, k_cache, v_cache), expected, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "x_dtype,w_dtype",
+    [(torch.float32, torch.bfloat16), (torch.float32, torch.float32), (torch.bfloat16,) * 2],
+    ids=["f32_resid_bf16", "f32", "bf16"],
+)
+def test_rms_norm(kernels, x_dtype, w_dtype) -> None:
+    gen = torch.Generator().manual_seed(2)
+    x = (torch.randn(7, 577, generator=gen) * 3).to(x_dtype)  # odd width: vector tails
+    weight = torch.randn(577, generator=gen).to(w_dtype)
+    out = FusedCpuDecoderOps(kernels).rms_norm(x, weight, 1e-5)
+    expected = TorchDecoderOps().rms_norm(x, weight, 1e-5)
+    assert out.dtype == w_dtype
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[w_dtype], rtol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_silu_and_mul(kernels, dtype) -> None:
+    gen = torch.Generator().manual_seed(3)
+    # Large gates of both signs: sigmoid must neither overflow nor lose its sign.
+    gate_up = torch.cat([torch.randn(5, 99, generator=gen) * 30, torch.randn(5, 99)], dim=1)
+    gate_up = gate_up.to(dtype)
+    out = FusedCpuDecoderOps(kernels).silu_and_mul(gate_up)
+    exact = F.silu(gate_up[:, :99].double()) * gate_up[:, 99:].double()
+    reference = TorchDecoderOps().silu_and_mul(gate_up.clone())
+    kernel_error = (out.double() - exact).abs().max().item()
+    assert kernel_error <= (reference.double() - exact).abs().max().item() * 1.01 + 1e-6
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rope_write_kv(kernels, dtype) -> None:
+    gen = torch.Generator().manual_seed(4)
+    heads, kv_heads, dim, tokens = 9, 3, 64, 6
+    slots = torch.tensor([3, 40, 17, 16, 0, 63])
+    meta = build_attention_metadata([tokens], [tokens + 2], [[1, 3, 2, 0]], BLOCK_SIZE, CPU)
+    meta.slot_mapping = slots  # any slots: the kernel must write exactly these rows
+    attention = PagedAttention(meta, heads, kv_heads, dim, dtype)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, generator=gen).to(dtype)
+    angles = torch.rand(tokens, dim // 2, generator=gen) * 50
+    angles = torch.cat([angles, angles], dim=1)
+    cos = angles.cos().to(dtype)
+    sin_signed = torch.cat([-angles[:, : dim // 2].sin(), angles[:, dim // 2 :].sin()], 1).to(dtype)
+    caches = {}
+    for name, ops in (("torch", TorchDecoderOps()), ("fused", FusedCpuDecoderOps(kernels))):
+        k_cache = torch.full((64, kv_heads, dim), 7.0, dtype=dtype)
+        v_cache = torch.full((64, kv_heads, dim), 7.0, dtype=dtype)
+        q = ops.rope_write_kv(qkv, cos, sin_signed, (k_cache, v_cache), attention)
+        caches[name] = (q, k_cache, v_cache)
+    (q_ref, k_ref, v_ref), (q, k, v) = caches["torch"], caches["fused"]
+    atol = TOLERANCE[dtype]
+    torch.testing.assert_close(q.float(), q_ref.float(), atol=atol * 4, rtol=1e-2)
+    torch.testing.assert_close(k.float(), k_ref.float(), atol=atol * 4, rtol=1e-2)
+    assert torch.equal(v, v_ref)  # values are copied, not computed
+    untouched = torch.ones(64, dtype=torch.bool).index_fill_(0, slots, False)
+    assert (k[untouched] == 7).all() and (v[untouched] == 7).all()
+
+
+def test_build_failure_falls_back_to_torch_ops(monkeypatch, caplog) -> None:
+    def broken(verbose: bool) -> None:
+        raise OSError("g++: not found")
+
+    monkeypatch.setattr(cpu_kernels, "_build", broken)
+    cpu_kernels.load.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            ops = decoder_ops_for(CPU, use_cpu_kernels=True)
+        assert ops.attention_backend == "torch"
+        assert "fused CPU kernels unavailable (OSError: g++: not found)" in caplog.text
+    finally:
+        cpu_kernels.load.cache_clear()
+
+
+def test_switched_off_by_environment_or_config(monkeypatch) -> None:
+    assert decoder_ops_for(CPU, use_cpu_kernels=False).attention_backend == "torch"
+    monkeypatch.setenv(cpu_kernels.ENV_SWITCH, "0")
+    cpu_kernels.load.cache_clear()
+    try:
+        assert decoder_ops_for(CPU, use_cpu_kernels=True).attention_backend == "torch"
+    finally:
+        cpu_kernels.load.cache_clear()
