@@ -168,7 +168,8 @@ def main() -> None:
                 ratio = statistics.median(times["transformers"]) / statistics.median(times["ours"])
                 line += f" | speed-up {ratio:4.2f}x"
             if args.torch_ops:
-                ratio = statistics.median(times["ours_torch_ops"]) / statistics.median(times["ours"])
+                torch_ops = statistics.median(times["ours_torch_ops"])
+                ratio = torch_ops / statistics.median(times["ours"])
                 line += f" | fused ops speed-up {ratio:4.2f}x"
             print(line, flush=True)
             if args.profile:
