@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tests.support.waiting import wait_until
+from utils.serving import uvicorn_options
 
 T = TypeVar("T")
 
@@ -45,7 +46,10 @@ class ServerThread:
         self.app = app
         self.sock = sock or reserve_socket()
         self.url = url_of(self.sock)
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        # Served as the apps are deployed: the hardened protocol, with the app's limits.
+        config = uvicorn.Config(
+            app, log_level="warning", timeout_graceful_shutdown=1, **uvicorn_options(app)
+        )
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
