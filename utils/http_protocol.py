@@ -122,7 +122,12 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
-            self._unsupported_upgrade_warning()  # our apps serve no websockets
+            # As uvicorn does (our apps serve no websockets, so this is a warning in practice).
+            if self._should_upgrade():
+                self._disarm()
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
             return
         except httptools.HttpParserError as exc:
             if self._rejection is None:
@@ -180,7 +185,10 @@ class HardenedHttpToolsProtocol(HttpToolsProtocol):
     def on_response_complete(self) -> None:
         """Answered; a request answered before its body ended (a 413) closes its connection
         rather than reading the rest of an upload nobody wants."""
-        if self._in_body and not self.transport.is_closing():
+        # (With pipelining, the answer that completed may be an older request's: then the
+        # current cycle is not complete, and the connection goes on.)
+        answered_early = self._in_body and self.cycle is not None and self.cycle.response_complete
+        if answered_early and not self.transport.is_closing():
             self._disarm()
             self._discarding = True
             self._linger()

@@ -119,6 +119,15 @@ def test_idle_keep_alive_connection_is_closed(gateway: ServerThread) -> None:
     assert answer.seconds < 2, answer.seconds  # keep-alive of 0.5 s
 
 
+def test_pipelined_requests_are_all_answered(gateway: ServerThread) -> None:
+    one = b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n"
+    last = b"GET /health HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n"
+    sock = connect(gateway.url)
+    sock.sendall(one * 3 + last)
+    answer = read_until_closed(sock, timeout_seconds=5)
+    assert answer.data.count(b"HTTP/1.1 200 OK") == 4
+
+
 def _trickle(url: str, stop: threading.Event) -> None:
     """A byte-a-tick header writer that reconnects when the server hangs up on it."""
     while not stop.is_set():

@@ -19,6 +19,7 @@ class RawAnswer:
     headers: dict[str, str]
     body: bytes
     seconds: float
+    data: bytes = b""  # everything that came, pipelined answers included
 
     def json(self) -> Any:
         """The body as JSON."""
@@ -59,7 +60,7 @@ def read_until_closed(sock: socket.socket, timeout_seconds: float) -> RawAnswer:
 def parse_answer(data: bytes, seconds: float) -> RawAnswer:
     """Split one HTTP/1.1 answer into status, headers and body."""
     if not data:
-        return RawAnswer(0, {}, b"", seconds)
+        return RawAnswer(0, {}, b"", seconds, data)
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     headers = {}
@@ -68,7 +69,7 @@ def parse_answer(data: bytes, seconds: float) -> RawAnswer:
         headers[name.strip().lower()] = value.strip()
     if "content-length" in headers:
         body = body[: int(headers["content-length"])]
-    return RawAnswer(int(lines[0].split()[1]), headers, body, seconds)
+    return RawAnswer(int(lines[0].split()[1]), headers, body, seconds, data)
 
 
 def exchange(url: str, request: bytes, timeout_seconds: float = 10.0) -> RawAnswer:
