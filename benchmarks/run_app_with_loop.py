@@ -5,8 +5,7 @@ HTTP parser, for A/B runs of the serving stack (``benchmarks/serving_cpu.sh``)::
         asyncio h11
 
 The apps' own entry points serve with uvloop and ``utils.http_protocol``'s hardened httptools
-protocol; ``httptools`` here means that protocol (as deployed), ``h11`` uvicorn's plain h11
-protocol (no connection limits: for A/B runs only).
+protocol; either parser here is served by its hardened protocol, as deployed.
 """
 
 from __future__ import annotations
@@ -45,7 +44,7 @@ def main() -> None:
         app = build_app(args.config)
     from utils.serving import uvicorn_options
 
-    options = uvicorn_options(app) if args.http == "httptools" else {"http": "h11"}
+    options = uvicorn_options(app, args.http)
     uvicorn.run(
         app,
         host="127.0.0.1",

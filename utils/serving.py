@@ -8,20 +8,24 @@ limits of ``utils.connection_limits`` hold under ``python <app>.py`` and under g
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import uvicorn
 from uvicorn_worker import UvicornWorker
 
 from utils.connection_limits import limits_of
-from utils.http_protocol import HardenedHttpToolsProtocol
+from utils.http_protocol import HardenedH11Protocol, HardenedHttpToolsProtocol
+
+#: The hardened protocol for each of uvicorn's HTTP parsers.
+PROTOCOLS = {"httptools": HardenedHttpToolsProtocol, "h11": HardenedH11Protocol}
 
 
-def uvicorn_options(app: Any) -> dict[str, Any]:
-    """uvicorn ``Config`` keyword arguments that serve ``app`` with its connection limits."""
+def uvicorn_options(app: Any, parser: Literal["httptools", "h11"] = "httptools") -> dict[str, Any]:
+    """uvicorn ``Config`` keyword arguments that serve ``app`` with its connection limits
+    (httptools, a dependency, by default: the faster parser)."""
     limits = limits_of(app)
     return {
-        "http": HardenedHttpToolsProtocol,
+        "http": PROTOCOLS[parser],
         # The protocol applies these itself; uvicorn's own values are set to agree.
         "timeout_keep_alive": limits.keep_alive_timeout_seconds,
         "limit_concurrency": None,

@@ -35,11 +35,16 @@ LIMITS = {
 GENERATE = {"model": "fake-model", "prompt": "hi", "generation_config": {"max_new_tokens": 4}}
 
 
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerThread]:
-    """A gateway with short connection limits over one fake model server."""
+@pytest.fixture(scope="module", params=["httptools", "h11"])
+def gateway(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[ServerThread]:
+    """A gateway with short connection limits over one fake model server, served by the
+    hardened protocol of each HTTP parser (httptools is what deployments use)."""
     server = start_fake_server(FakeServerSettings())
-    gateway = start_gateway(tmp_path_factory.mktemp("gateway"), [server.url], **LIMITS)
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("gateway"), [server.url], http_parser=request.param, **LIMITS
+    )
     yield gateway
     stop_all(gateway, server)
 
@@ -160,8 +165,13 @@ def test_normal_requests_are_served_while_slow_clients_are_held(gateway: ServerT
             sock.close()
 
 
-def test_connections_past_the_cap_get_503_with_retry_after(tmp_path: Path) -> None:
-    gateway = start_gateway(tmp_path, max_connections=5, header_timeout_seconds=30)
+@pytest.mark.parametrize("http_parser", ["httptools", "h11"])
+def test_connections_past_the_cap_get_503_with_retry_after(
+    tmp_path: Path, http_parser: str
+) -> None:
+    gateway = start_gateway(
+        tmp_path, http_parser=http_parser, max_connections=5, header_timeout_seconds=30
+    )
     held: list[socket.socket] = []
     try:
         held = [connect(gateway.url) for _ in range(5)]
