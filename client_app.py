@@ -41,6 +41,7 @@ from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
 from protocol.triton import TritonGenerateRequest
 from utils.config import ConfigError, load_config
+from utils.connection_limits import ConnectionLimits, set_limits
 from utils.errors import install_error_handlers
 from utils.logging import setup_logging
 from utils.openapi import document_models, json_body
@@ -148,6 +149,7 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
         openapi_url=None,
     )
     app.state.gateway = gateway
+    set_limits(app, ConnectionLimits.of(config))
     install_error_handlers(app)
     app.add_middleware(RequestIdMiddleware)
     app.include_router(routes)
@@ -202,9 +204,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     setup_logging(args.log_level)
-    import uvicorn
+    from utils.serving import serve
 
-    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level)
+    serve(app, host=args.host, port=args.port, log_level=args.log_level)
     return 0
 
 

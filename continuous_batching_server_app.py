@@ -37,14 +37,14 @@ def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
 
 def main() -> None:
     """Run the server in the foreground (for development; use start_app.py to deploy)."""
-    import uvicorn
+    from utils.serving import serve
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=DEFAULT_CONFIG, help="path of the server config JSON")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8001, help="port to bind (default 8001)")
     args = parser.parse_args()
-    uvicorn.run(build_app(args.config), host=args.host, port=args.port)
+    serve(build_app(args.config), host=args.host, port=args.port)
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@
 
 Every app (the gateway ``client`` and the servers ``cb_server`` / ``sb_server``) runs as::
 
-    <python> -m gunicorn "MODULE:build_app('CONFIG')" --worker-class uvicorn_worker.UvicornWorker \
-        --bind HOST:PORT --workers N --timeout 600 --graceful-timeout 30 --pid RUN/NAME.pid
+    <python> -m gunicorn "MODULE:build_app('CONFIG')" \
+        --worker-class utils.serving.HardenedUvicornWorker --bind HOST:PORT --workers N \
+        --timeout 600 --graceful-timeout 30 --pid RUN/NAME.pid
 
 in a session of its own, with stdout/stderr in ``RUN/logs/NAME.log`` and a record in
 ``RUN/NAME.json`` so that ``down``, ``stop`` and ``status`` find it again from another shell.

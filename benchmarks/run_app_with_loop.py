@@ -4,7 +4,8 @@ HTTP parser, for A/B runs of the serving stack (``benchmarks/serving_cpu.sh``)::
     .venv/bin/python benchmarks/run_app_with_loop.py cb configs/cb_server_config.json 18001 \\
         asyncio h11
 
-The apps' own entry points use uvicorn's ``auto`` (uvloop + httptools when installed).
+The apps' own entry points serve with uvloop and ``utils.http_protocol``'s hardened httptools
+protocol; either parser here is served by its hardened protocol, as deployed.
 """
 
 from __future__ import annotations
@@ -41,14 +42,17 @@ def main() -> None:
         from continuous_batching_server_app import build_app
 
         app = build_app(args.config)
+    from utils.serving import uvicorn_options
+
+    options = uvicorn_options(app, args.http)
     uvicorn.run(
         app,
         host="127.0.0.1",
         port=args.port,
         loop=args.loop,
-        http=args.http,
         log_level="warning",
         access_log=False,
+        **options,
     )
 
 

@@ -44,7 +44,7 @@ def build_command(entry: AppEntry, run_dir: Path) -> list[str]:
         "gunicorn",
         target,
         "--worker-class",
-        "uvicorn_worker.UvicornWorker",
+        "utils.serving.HardenedUvicornWorker",
         "--bind",
         bind_address(entry.host, entry.port),
         "--workers",

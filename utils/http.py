@@ -47,6 +47,25 @@ async def run_unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     return work_task.result()
 
 
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The request body, refusing (413) anything over ``max_bytes`` without reading it all."""
+    too_large = APIError(413, f"the request body is larger than the limit of {max_bytes} bytes")
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise APIError(400, "invalid Content-Length header")
+        if int(declared) > max_bytes:
+            raise too_large
+    chunks: list[bytes] = []
+    num_bytes = 0
+    async for chunk in request.stream():  # also covers chunked bodies without Content-Length
+        num_bytes += len(chunk)
+        if num_bytes > max_bytes:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def sse_response(events: AsyncIterator[bytes]) -> StreamingResponse:
     """Stream encoded SSE events, closing with ``[DONE]``.
 

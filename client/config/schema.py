@@ -13,6 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from utils.connection_limits import ConnectionLimits
+
 #: Balancing policies the config may name (one class each in ``client.balancing.policies``).
 PolicyName = Literal["least_outstanding", "round_robin", "power_of_two", "affinity"]
 
@@ -101,8 +103,10 @@ class TritonServerConfig(BaseModel):
         return check_base_url(value)
 
 
-class ClientConfig(BaseModel):
-    """The gateway's config file; unknown keys are refused so that typos surface at start-up."""
+class ClientConfig(ConnectionLimits):
+    """The gateway's config file; unknown keys are refused so that typos surface at start-up.
+
+    The HTTP connection limits (``header_timeout_seconds`` ...) are its keys too."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -13,7 +13,7 @@ from client.gateway import Gateway
 from client.gateway_request import GatewayRequest, ParsedRequest, Route
 from client.intake.auth import check_caller
 from utils.errors import APIError, parse_json_body
-from utils.http import run_unless_disconnected
+from utils.http import read_body, run_unless_disconnected
 from utils.request_id import request_id_of
 
 #: Header with which a caller restricts where its request may go.
@@ -41,25 +41,6 @@ def route_of(request: Request) -> Route:
             400, f"header X-LLM-Route must be one of {', '.join(allowed)} (got {value[:40]!r})"
         )
     return value  # type: ignore[return-value]
-
-
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The request body, refusing (413) anything over ``max_bytes`` without reading it all."""
-    too_large = APIError(413, f"the request body is larger than the limit of {max_bytes} bytes")
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise APIError(400, "invalid Content-Length header")
-        if int(declared) > max_bytes:
-            raise too_large
-    chunks: list[bytes] = []
-    num_bytes = 0
-    async for chunk in request.stream():  # also covers chunked bodies without Content-Length
-        num_bytes += len(chunk)
-        if num_bytes > max_bytes:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 def count_rejected(request: Request, endpoint: str, received_at: float) -> None:

@@ -25,7 +25,6 @@ from client.intake.forward import (
     count_rejected,
     forward_parsed,
     gateway_of,
-    read_body,
     require_caller_key,
     route_of,
 )
@@ -36,6 +35,7 @@ from protocol.triton import (
     triton_stream_response,
 )
 from utils.errors import APIError, parse_json_body
+from utils.http import read_body
 from utils.openapi import json_body
 from utils.sse import SSE_MEDIA_TYPE, SSEDataSplitter, encode_event
 

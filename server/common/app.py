@@ -16,6 +16,7 @@ from server.common.native_routes import build_native_router
 from server.common.openai_routes import build_openai_router
 from server.common.request_context import RequestContextMiddleware
 from server.common.service import GenerationService, ServingSettings
+from utils.connection_limits import set_limits
 from utils.errors import install_error_handlers
 from utils.openapi import document_models
 from utils.request_id import RequestIdMiddleware
@@ -62,6 +63,7 @@ def create_server_app(
 
     app = FastAPI(title=title, lifespan=lifespan)
     app.state.service = service
+    set_limits(app, settings.connection_limits)
     install_error_handlers(app)
     app.add_middleware(_RequestCounter, metrics=metrics)
     app.add_middleware(RequestContextMiddleware)  # sees every answer

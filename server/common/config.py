@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 from server.common.service import ServingSettings
+from utils.connection_limits import ConnectionLimits
 
 
-class ServingConfig(BaseModel):
-    """``serving_config``: HTTP-level defaults applied to every request."""
+class ServingConfig(ConnectionLimits):
+    """``serving_config``: HTTP-level defaults applied to every request, and the HTTP
+    connection limits (``header_timeout_seconds`` ...)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -18,6 +20,9 @@ class ServingConfig(BaseModel):
     request_timeout_seconds: float = Field(
         default=600.0, gt=0.0, description="a request running longer is aborted (504)"
     )
+    max_request_bytes: int = Field(
+        default=1_000_000, gt=0, description="larger request bodies are refused (413)"
+    )
 
     def settings(self, model_id: str) -> ServingSettings:
         """The HTTP layer's settings for a server answering as ``model_id``."""
@@ -25,4 +30,6 @@ class ServingConfig(BaseModel):
             served_model_names=[model_id],
             default_max_new_tokens=self.default_max_new_tokens,
             request_timeout_seconds=self.request_timeout_seconds,
+            max_request_bytes=self.max_request_bytes,
+            connection_limits=ConnectionLimits.of(self),
         )

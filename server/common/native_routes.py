@@ -65,7 +65,7 @@ def build_native_router(service: GenerationService) -> APIRouter:
         "/generate", response_model=GenerateResponse, openapi_extra=json_body(GenerateRequest)
     )
     async def generate(request: Request) -> Response:
-        body = await parse_body(request, GenerateRequest)
+        body = await parse_body(request, GenerateRequest, service.settings.max_request_bytes)
         job = _native_job(service, body, request_record(request))
         return await answer_job(
             request,

@@ -167,7 +167,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         openapi_extra=json_body(CompletionRequest),
     )
     async def completions(request: Request) -> Response:
-        body = await parse_body(request, CompletionRequest)
+        body = await parse_body(request, CompletionRequest, service.settings.max_request_bytes)
         job = _completion_job(service, body, request_record(request))
         return await answer_job(
             request,
@@ -192,7 +192,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         openapi_extra=json_body(ChatCompletionRequest),
     )
     async def chat_completions(request: Request) -> Response:
-        body = await parse_body(request, ChatCompletionRequest)
+        body = await parse_body(request, ChatCompletionRequest, service.settings.max_request_bytes)
         job = _chat_job(service, body, request_record(request))
         return await answer_job(
             request,

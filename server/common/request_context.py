@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.generation import FinishReason
 from utils.errors import parse_json_body
+from utils.http import read_body
 from utils.request_id import new_request_id
 
 _MAX_ERROR_BODY_BYTES = 4096  # error answers are one small JSON object
@@ -79,10 +80,11 @@ def request_record(request: Request) -> RequestRecord:
     return record
 
 
-async def parse_body(request: Request, schema: type[BodyT]) -> BodyT:
+async def parse_body(request: Request, schema: type[BodyT], max_bytes: int) -> BodyT:
     """Validate the raw body straight into ``schema``: pydantic parses the JSON itself, so the
-    request never exists as a dict; 400 naming the problem otherwise."""
-    return parse_json_body(await request.body(), schema)
+    request never exists as a dict; 400 naming the problem otherwise, 413 past ``max_bytes``
+    (a chunked body without Content-Length is read up to the limit, then refused)."""
+    return parse_json_body(await read_body(request, max_bytes), schema)
 
 
 def _error_message(body: bytes) -> str | None:

@@ -22,6 +22,7 @@ from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.metrics import ServerMetrics
 from server.common.prompting import PromptProcessor
 from server.common.request_context import RequestRecord
+from utils.connection_limits import ConnectionLimits
 from utils.errors import APIError
 from utils.http import prime, run_unless_disconnected, sse_response
 
@@ -33,6 +34,8 @@ class ServingSettings:
     served_model_names: list[str]
     default_max_new_tokens: int = 256
     request_timeout_seconds: float = 600.0
+    max_request_bytes: int = 1_000_000
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 @dataclass

@@ -16,6 +16,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from tests.support.waiting import wait_until
+from utils.serving import uvicorn_options
 
 T = TypeVar("T")
 
@@ -41,11 +42,19 @@ def url_of(sock: socket.socket) -> str:
 class ServerThread:
     """A real uvicorn server for ``app`` in a background thread (own event loop)."""
 
-    def __init__(self, app: FastAPI, sock: socket.socket | None = None) -> None:
+    def __init__(
+        self, app: FastAPI, sock: socket.socket | None = None, http_parser: str = "httptools"
+    ) -> None:
         self.app = app
         self.sock = sock or reserve_socket()
         self.url = url_of(self.sock)
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        # Served as the apps are deployed: the hardened protocol, with the app's limits.
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+            **uvicorn_options(app, http_parser),  # type: ignore[arg-type]
+        )
         self.server = uvicorn.Server(config)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -105,6 +114,7 @@ def start_gateway(
     tmp_path: Path,
     static_batching_server_urls: list[str] | None = None,
     continuous_batching_server_urls: list[str] | None = None,
+    http_parser: str = "httptools",
     **overrides: Any,
 ) -> ServerThread:
     """A running gateway (``client_app.build_app``) over the given servers.
@@ -123,4 +133,4 @@ def start_gateway(
     }
     path = tmp_path / f"client_config_{next(_config_ids)}.json"
     path.write_text(json.dumps(config))
-    return ServerThread(build_app(str(path))).start()
+    return ServerThread(build_app(str(path)), http_parser=http_parser).start()
