@@ -101,6 +101,33 @@ class TritonServerConfig(BaseModel):
         return check_base_url(value)
 
 
+class ServerDNSConfig(BaseModel):
+    """Servers of one kind found through DNS: every address ``name`` resolves to is a server.
+
+    A Kubernetes headless Service answers one A record per ready pod, so the gateway follows
+    the pods without a config change. The name is resolved again at every heartbeat.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="DNS name to resolve (all its A/AAAA records)")
+    port: int = Field(ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+
+
+class TritonServerDNSConfig(ServerDNSConfig):
+    """Triton servers found through DNS; every address gets the same model names."""
+
+    models: dict[str, str] = Field(min_length=1)
+    default_max_tokens: int = Field(default=256, ge=1)
+    chat_template_from: str | None = None
+
+    def server_config(self, url: str) -> TritonServerConfig:
+        """The entry of one discovered Triton server at ``url``."""
+        fields = self.model_dump(exclude={"name", "port", "scheme"})
+        return TritonServerConfig(url=url, **fields)
+
+
 class ClientConfig(BaseModel):
     """The gateway's config file; unknown keys are refused so that typos surface at start-up."""
 
@@ -114,6 +141,9 @@ class ClientConfig(BaseModel):
         description="Triton API on the gateway: model names clients use -> gateway model id "
         "('' = any model); a Triton + TensorRT-LLM client calls its model 'ensemble'",
     )
+    continuous_batching_server_dns: ServerDNSConfig | None = None
+    static_batching_server_dns: ServerDNSConfig | None = None
+    triton_server_dns: TritonServerDNSConfig | None = None
     openai_jumper_configs: list[OpenAIJumperConfig] = Field(default_factory=list)
     heart_beat_interval_seconds: float = Field(default=10.0, gt=0)
     num_failures_to_mark_down: int = Field(
@@ -180,6 +210,16 @@ class ClientConfig(BaseModel):
         if ours & set(triton_urls):
             raise ValueError(f"{sorted(ours & set(triton_urls))} listed as a Triton server too")
         return self
+
+    @property
+    def dns_entries(self) -> list[ServerDNSConfig]:
+        """The DNS names this config discovers servers from (CB, SB, Triton)."""
+        entries = (
+            self.continuous_batching_server_dns,
+            self.static_batching_server_dns,
+            self.triton_server_dns,
+        )
+        return [entry for entry in entries if entry is not None]
 
     @field_validator("api_keys")
     @classmethod
