@@ -5,7 +5,7 @@ peer sits on a bridge in the root namespace; the bridge has the first address, s
 process itself is a host on that network (the callers). Nothing else of the machine's network
 is touched: the bridge, the veths and the namespaces carry a per-run prefix and are all
 removed at teardown. Faults are applied to one host's link: down (``ip link``), random loss
-(``tc netem`` when the kernel has it, else ``iptables -m statistic``), silent drop (iptables
+and delay (``tc netem`` when the kernel has it, else an NFQUEUE program), silent drop (iptables
 DROP: connections hang instead of being refused).
 """
 
@@ -17,12 +17,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 #: A private range no real network here uses (RFC 1918); the bridge takes ``.1``.
 SUBNET = "10.213.0"
 REPO_ROOT = Path(__file__).resolve().parents[2]
+#: The netfilter queue the delay program reads.
+NFQUEUE_NUMBER = 7
 
 
 class NetnsUnavailable(Exception):
@@ -56,6 +59,8 @@ class Host:
     address: str
     veth: str
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: The program that makes a fault (the NFQUEUE delay), ended by :meth:`heal`.
+    fault_process: subprocess.Popen[bytes] | None = None
 
     def exec_args(self, *args: str) -> list[str]:
         """``args`` run inside this host's namespace."""
@@ -94,23 +99,32 @@ class Host:
         """Cut the host off the bridge (its cable pulled) or plug it back."""
         run("ip", "link", "set", self.veth, "up" if is_up else "down")
 
-    def lose(self, percent: int, delay_ms: int = 0) -> str:
-        """Drop ``percent`` % of packets both ways (plus ``delay_ms`` each way with netem).
+    def lose(self, percent: int, delay_ms: int, log: Path) -> str:
+        """Drop ``percent`` % of packets and delay the rest ``delay_ms``, each way.
 
-        Returns what was applied (netem is missing on some kernels: then loss only).
+        ``tc netem`` where the kernel has it; else the same per-packet behaviour from an
+        NFQUEUE verdict program (``tests.multihost.delay_queue``) on this host. Returns what
+        was applied.
         """
+        spec = ["delay", f"{delay_ms}ms", "loss", f"{percent}%"]
         if has_netem():
-            spec = ["delay", f"{delay_ms}ms"] if delay_ms else []
-            spec += ["loss", f"{percent}%"]
             run(*self.exec_args("tc", "qdisc", "add", "dev", "eth0", "root", "netem", *spec))
             run("tc", "qdisc", "add", "dev", self.veth, "root", "netem", *spec)
-            return f"netem {' '.join(spec)}"
-        probability = f"{percent / 100:.2f}"
-        rule = ["-m", "statistic", "--mode", "random", "--probability", probability, "-j", "DROP"]
-        # Matching eth0 keeps the host's loopback traffic out of the fault.
-        run(*self.exec_args("iptables", "-A", "INPUT", "-i", "eth0", *rule))
-        run(*self.exec_args("iptables", "-A", "OUTPUT", "-o", "eth0", *rule))
-        return f"iptables statistic {percent}% drop each way (no netem in this kernel: no delay)"
+            return f"tc netem {' '.join(spec)} (both ends of the link)"
+        args = ["-m", "tests.multihost.delay_queue", "--queue", str(NFQUEUE_NUMBER)]
+        args += ["--delay", str(delay_ms / 1000), "--loss", str(percent / 100)]
+        self.spawn(args, log)
+        self.fault_process = self.processes[-1]
+        deadline = time.monotonic() + 30
+        while "ready" not in log.read_text():
+            if self.fault_process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"delay_queue did not start: {log.read_text()[-2000:]}")
+            time.sleep(0.05)
+        # Rules only once the program listens: a queue without a reader drops everything.
+        queue = ["-j", "NFQUEUE", "--queue-num", str(NFQUEUE_NUMBER)]
+        run(*self.exec_args("iptables", "-A", "INPUT", "-i", "eth0", *queue))
+        run(*self.exec_args("iptables", "-A", "OUTPUT", "-o", "eth0", *queue))
+        return f"NFQUEUE verdicts (no netem in this kernel): {' '.join(spec)} each way"
 
     def drop_all(self) -> None:
         """Drop every packet on eth0 silently: peers' connections hang (no RST, no ICMP)."""
@@ -123,6 +137,12 @@ class Host:
         run(*self.exec_args("tc", "qdisc", "del", "dev", "eth0", "root"), check=False)
         run("tc", "qdisc", "del", "dev", self.veth, "root", check=False)
         run(*self.exec_args("iptables", "-F"), check=False)
+        process, self.fault_process = self.fault_process, None
+        if process is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=10)
+            self.processes.remove(process)
 
 
 class TestNetwork:

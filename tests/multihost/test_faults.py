@@ -125,8 +125,8 @@ def test_packet_loss_and_delay(deployment: Deployment) -> None:
     host = deployment.host("cb2")
     row = _exercise(
         deployment,
-        "20% loss + 200 ms delay (delay where netem exists)",
-        lambda: host.lose(20, delay_ms=200),
+        "20% loss + 200 ms delay",
+        lambda: host.lose(20, 200, deployment.folder / "cb2_delay.log"),
         is_cut_off=False,
         hold_seconds=8.0,
     )
