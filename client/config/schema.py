@@ -7,6 +7,7 @@ the rest are what an operator needs to tune (balancing policy, timeouts, body si
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -51,11 +52,17 @@ class OpenAIJumperConfig(BaseModel):
 
     ``api_key`` is a ``SecretStr``: its ``repr`` and ``str`` are masked, so it never reaches a
     log line by accident. Placeholder keys disable the entry (see :attr:`is_enabled`).
+    ``api_key_env`` instead names an environment variable holding the key (on Kubernetes, one
+    filled from a Secret), so that the key never sits in the config file; an unset or empty
+    variable disables the entry like a placeholder does.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    api_key: SecretStr
+    api_key: SecretStr = SecretStr("")
+    api_key_env: str | None = Field(
+        default=None, description="environment variable holding the key (instead of api_key)"
+    )
     org_id: str | None = None
     base_url: str = "https://api.openai.com/v1"
     models: list[str] = Field(
@@ -69,6 +76,19 @@ class OpenAIJumperConfig(BaseModel):
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         return check_base_url(value)
+
+    @model_validator(mode="after")
+    def _key_from_environment(self) -> OpenAIJumperConfig:
+        has_key = "api_key" in self.model_fields_set
+        if self.api_key_env is None:
+            if not has_key:
+                raise ValueError("give api_key or api_key_env")
+            return self
+        if has_key:
+            raise ValueError("give api_key or api_key_env, not both")
+        # Read at validation, so a config reload picks up a rotated key in the environment.
+        self.api_key = SecretStr(os.environ.get(self.api_key_env, ""))
+        return self
 
     @property
     def is_enabled(self) -> bool:

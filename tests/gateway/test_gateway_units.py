@@ -72,7 +72,10 @@ def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
         ({"heart_beat_interval_seconds": 0}, "heart_beat_interval_seconds"),
         ({"balancing_policy": "random"}, "balancing_policy"),
         ({"heart_beat_interval": 5}, "heart_beat_interval: unknown key"),
-        ({"openai_jumper_configs": [{"org_id": None}]}, "openai_jumper_configs.0.api_key"),
+        (
+            {"openai_jumper_configs": [{"org_id": None}]},
+            "openai_jumper_configs.0: give api_key or api_key_env",
+        ),
         ({"triton_server_urls": [{"url": "http://t:1"}]}, "triton_server_urls.0.models"),
         (
             {"triton_server_urls": [{"url": "http://t:1/", "models": {"m": "ensemble"}}]},
@@ -184,3 +187,17 @@ def test_backend_status_snapshot_is_json_ready() -> None:
     backend.mark_unreachable("ConnectError: refused")
     assert backend.status().last_error == "ConnectError: refused"
     assert not backend.is_healthy and backend.model_ids == ["m"]  # models are remembered
+
+
+def test_jumper_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from client.config.schema import OpenAIJumperConfig
+
+    monkeypatch.setenv("LLM_TEST_KEY", "sk-from-secret")
+    entry = OpenAIJumperConfig(api_key_env="LLM_TEST_KEY")
+    assert entry.is_enabled and entry.api_key.get_secret_value() == "sk-from-secret"
+    assert "sk-from-secret" not in repr(entry)
+    monkeypatch.delenv("LLM_TEST_KEY")
+    assert not OpenAIJumperConfig(api_key_env="LLM_TEST_KEY").is_enabled  # no Secret: disabled
+    for fields in ({}, {"api_key": "sk-a", "api_key_env": "LLM_TEST_KEY"}):
+        with pytest.raises(ValueError, match="api_key or api_key_env"):
+            OpenAIJumperConfig.model_validate(fields)
