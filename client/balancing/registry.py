@@ -13,6 +13,7 @@ import httpx
 from client.backends.base import Backend
 from client.backends.catalog import backends_from_config
 from client.balancing.discovery import DNSDiscovery
+from client.balancing.shared_state import SharedBreakerState
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
 
@@ -48,6 +49,8 @@ class BackendRegistry:
         self.discovery = discovery or DNSDiscovery()
         #: The config as the file says (without discovered servers); None when built by hand.
         self.config: ClientConfig | None = None
+        #: Circuit openings shared with other gateway replicas (``shared_state_url``).
+        self.shared_state: SharedBreakerState | None = None
         self.health_timeout_seconds = health_timeout_seconds
         self.heartbeat_interval_seconds = heartbeat_interval_seconds
         self.lazy_refresh_min_interval_seconds = lazy_refresh_min_interval_seconds
@@ -129,6 +132,8 @@ class BackendRegistry:
             backend.breaker.failure_threshold = config.circuit_breaker_failures
             backend.breaker.cooldown_seconds = config.circuit_breaker_cooldown_seconds
         new = [backend for backend in backends if backend not in self.backends]
+        if self.shared_state is not None:
+            self.shared_state.attach(new)
         return backends, new
 
     # -- life cycle ------------------------------------------------------------------------

@@ -206,6 +206,18 @@ class ClientConfig(BaseModel):
     connect_timeout_seconds: float = Field(default=5.0, gt=0)
     health_timeout_seconds: float = Field(default=3.0, gt=0)
     max_request_bytes: int = Field(default=1_000_000, gt=0)
+    shared_state_url: str | None = Field(
+        default=None,
+        description="redis://host:port/db shared by gateway replicas: circuit openings and "
+        "jumper key rests apply on all of them (unset: each replica keeps its own)",
+    )
+
+    @field_validator("shared_state_url")
+    @classmethod
+    def _check_shared_state_url(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"{value!r} must start with redis://, rediss:// or unix://")
+        return value
 
     @field_validator("continuous_batching_server_urls", "static_batching_server_urls")
     @classmethod
