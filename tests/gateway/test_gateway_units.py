@@ -201,3 +201,24 @@ def test_jumper_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     for fields in ({}, {"api_key": "sk-a", "api_key_env": "LLM_TEST_KEY"}):
         with pytest.raises(ValueError, match="api_key or api_key_env"):
             OpenAIJumperConfig.model_validate(fields)
+
+
+def test_breaker_reports_openings_and_adopts_shared_ones() -> None:
+    from client.backends.circuit_breaker import CircuitBreaker
+
+    opened: list[float] = []
+    closed: list[bool] = []
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_seconds=10)
+    breaker.on_open, breaker.on_close = opened.append, lambda: closed.append(True)
+    assert breaker.record_failure(now=100.0)
+    assert opened == [10.0] and breaker.num_trips == 1
+    breaker.record_success()
+    assert closed == [True]
+    breaker.record_success()  # already closed: nothing to report
+    assert closed == [True]
+    # Another replica's opening: open here too, without a trip of our own or a report back.
+    breaker.adopt_opening(5.0, now=200.0)
+    assert breaker.state(now=204.0) == "open" and breaker.state(now=205.5) == "half_open"
+    assert breaker.num_trips == 0 and opened == [10.0]
+    breaker.adopt_opening(1.0, now=200.0)  # shorter than what holds: no change
+    assert breaker.seconds_until_retry(now=200.0) == 5.0

@@ -103,6 +103,10 @@ def deployment(
     tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
 ) -> Iterator[Deployment]:
     """The hosts, their servers and the gateway, all healthy; removed at teardown."""
+    try:
+        TestNetwork.preflight()  # before the lock: /run/lock may not be writable then
+    except NetnsUnavailable as exc:
+        _unavailable(str(exc))
     LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
     with LOCK_PATH.open("w") as lock:
         # One run at a time on this machine: the runs would share the address range.

@@ -108,9 +108,12 @@ class Host:
         """
         spec = ["delay", f"{delay_ms}ms", "loss", f"{percent}%"]
         if has_netem():
-            run(*self.exec_args("tc", "qdisc", "add", "dev", "eth0", "root", "netem", *spec))
-            run("tc", "qdisc", "add", "dev", self.veth, "root", "netem", *spec)
-            return f"tc netem {' '.join(spec)} (both ends of the link)"
+            try:
+                run(*self.exec_args("tc", "qdisc", "add", "dev", "eth0", "root", "netem", *spec))
+                run("tc", "qdisc", "add", "dev", self.veth, "root", "netem", *spec)
+                return f"tc netem {' '.join(spec)} (both ends of the link)"
+            except RuntimeError:  # no config to tell, and tc says no: the queue program
+                self.heal()
         args = ["-m", "tests.multihost.delay_queue", "--queue", str(NFQUEUE_NUMBER)]
         args += ["--delay", str(delay_ms / 1000), "--loss", str(percent / 100)]
         self.spawn(args, log)
@@ -156,13 +159,18 @@ class TestNetwork:
         self.hosts: dict[str, Host] = {}
         self.etc = Path("/etc/netns")
 
-    def open(self) -> TestNetwork:
-        """Create the bridge (with the callers' address ``.1``); raises NetnsUnavailable."""
+    @staticmethod
+    def preflight() -> None:
+        """Raise NetnsUnavailable when this process cannot make namespaces at all."""
         if os.geteuid() != 0:
             raise NetnsUnavailable("network namespaces need root (run the tests as root)")
-        for tool in ("ip", "iptables"):
+        for tool in ("ip", "tc", "iptables"):
             if shutil.which(tool) is None:
                 raise NetnsUnavailable(f"{tool!r} is missing (apt-get install iproute2 iptables)")
+
+    def open(self) -> TestNetwork:
+        """Create the bridge (with the callers' address ``.1``); raises NetnsUnavailable."""
+        self.preflight()
         self.close()  # leftovers of a killed run with the same prefix
         try:
             run("ip", "link", "add", self.bridge, "type", "bridge")
