@@ -107,3 +107,32 @@ def test_a_discovered_host_that_dies_is_marked_down(
 
 def _log(deployment: Deployment) -> str:
     return (deployment.folder / "dns_gateway.log").read_text()
+
+
+def test_a_host_leaving_dns_drains_its_streams(
+    deployment: Deployment, dns_gateway: httpx.Client
+) -> None:
+    gw, cb1_url = deployment.host("gw"), deployment.url("cb1")
+    deployment.network.write_hosts(gw, {NAME: [deployment.host("cb1").address]})
+    wait_until(lambda: _routable(dns_gateway) == [cb1_url], 5, message="cb1 alone")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Tell me a story."}],
+        "max_tokens": 160,
+        "ignore_eos": True,  # a long answer from the real server: it outlives the change
+        "stream": True,
+    }
+    lines: list[str] = []
+    with dns_gateway.stream("POST", "/v1/chat/completions", json=body, timeout=60) as answer:
+        assert answer.status_code == 200
+        stream = answer.iter_lines()
+        lines.append(next(stream))  # the stream runs on cb1 now
+        deployment.network.write_hosts(gw, {NAME: [deployment.host("cb2").address]})
+        wait_until(lambda: cb1_url not in _listed(dns_gateway), 5, message="cb1 leaving")
+        # cb1 left the gateway's list while still generating this answer.
+        health = httpx.get(f"{cb1_url}/health", timeout=5, trust_env=False).json()
+        assert health["load"]["num_running"] >= 1, health
+        lines += list(stream)
+    assert lines[-1] == "data: [DONE]" or "data: [DONE]" in lines
+    assert not [line for line in lines if '"error"' in line]
+    assert len([line for line in lines if line.startswith("data: {")]) >= 100
