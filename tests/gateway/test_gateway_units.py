@@ -72,7 +72,10 @@ def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
         ({"heart_beat_interval_seconds": 0}, "heart_beat_interval_seconds"),
         ({"balancing_policy": "random"}, "balancing_policy"),
         ({"heart_beat_interval": 5}, "heart_beat_interval: unknown key"),
-        ({"openai_jumper_configs": [{"org_id": None}]}, "openai_jumper_configs.0.api_key"),
+        (
+            {"openai_jumper_configs": [{"org_id": None}]},
+            "openai_jumper_configs.0: give api_key or api_key_env",
+        ),
         ({"triton_server_urls": [{"url": "http://t:1"}]}, "triton_server_urls.0.models"),
         (
             {"triton_server_urls": [{"url": "http://t:1/", "models": {"m": "ensemble"}}]},
@@ -184,3 +187,38 @@ def test_backend_status_snapshot_is_json_ready() -> None:
     backend.mark_unreachable("ConnectError: refused")
     assert backend.status().last_error == "ConnectError: refused"
     assert not backend.is_healthy and backend.model_ids == ["m"]  # models are remembered
+
+
+def test_jumper_key_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from client.config.schema import OpenAIJumperConfig
+
+    monkeypatch.setenv("LLM_TEST_KEY", "sk-from-secret")
+    entry = OpenAIJumperConfig(api_key_env="LLM_TEST_KEY")
+    assert entry.is_enabled and entry.api_key.get_secret_value() == "sk-from-secret"
+    assert "sk-from-secret" not in repr(entry)
+    monkeypatch.delenv("LLM_TEST_KEY")
+    assert not OpenAIJumperConfig(api_key_env="LLM_TEST_KEY").is_enabled  # no Secret: disabled
+    for fields in ({}, {"api_key": "sk-a", "api_key_env": "LLM_TEST_KEY"}):
+        with pytest.raises(ValueError, match="api_key or api_key_env"):
+            OpenAIJumperConfig.model_validate(fields)
+
+
+def test_breaker_reports_openings_and_adopts_shared_ones() -> None:
+    from client.backends.circuit_breaker import CircuitBreaker
+
+    opened: list[float] = []
+    closed: list[bool] = []
+    breaker = CircuitBreaker(failure_threshold=1, cooldown_seconds=10)
+    breaker.on_open, breaker.on_close = opened.append, lambda: closed.append(True)
+    assert breaker.record_failure(now=100.0)
+    assert opened == [10.0] and breaker.num_trips == 1
+    breaker.record_success()
+    assert closed == [True]
+    breaker.record_success()  # already closed: nothing to report
+    assert closed == [True]
+    # Another replica's opening: open here too, without a trip of our own or a report back.
+    breaker.adopt_opening(5.0, now=200.0)
+    assert breaker.state(now=204.0) == "open" and breaker.state(now=205.5) == "half_open"
+    assert breaker.num_trips == 0 and opened == [10.0]
+    breaker.adopt_opening(1.0, now=200.0)  # shorter than what holds: no change
+    assert breaker.seconds_until_retry(now=200.0) == 5.0

@@ -35,8 +35,9 @@ def reserve_socket() -> socket.socket:
 
 
 def url_of(sock: socket.socket) -> str:
-    """The http address of a socket bound on 127.0.0.1."""
-    return f"http://127.0.0.1:{sock.getsockname()[1]}"
+    """The http address of a bound socket (127.0.0.1, or a test host's own address)."""
+    host, port = sock.getsockname()[:2]
+    return f"http://{host}:{port}"
 
 
 class ServerThread:

@@ -1,0 +1,181 @@
+"""The multi-host deployment: test hosts as network namespaces on one bridge.
+
+Hosts (addresses in ``10.213.0.0/24``; the test process calls from the bridge's ``.1``):
+
+- ``gw`` (.10): the gateway (port 8000) over ``cb1``, ``cb2`` and ``sb``;
+- ``cb1`` (.11): one real CB server with the real default model (port 8001);
+- ``cb2`` (.12), ``cb3`` (.14): fake fast CB servers announcing the same model (port 8001);
+- ``sb`` (.13): a fake SB server announcing the same model (port 8002).
+
+Only one real model server runs, so the whole module fits a 2-core CI machine; the faults hit a
+fake host, so the callers' answers after failover come from the real server. Every app binds
+its host's own address, never 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.multihost.load import MODEL
+from tests.multihost.netns import Host, NetnsUnavailable, TestNetwork
+from tests.support.waiting import wait_until
+
+HEARTBEAT_SECONDS = 1.0
+HEALTH_TIMEOUT_SECONDS = 1.0
+#: The bound the issue sets for marking a host down (and the one we hold heal-up to).
+MARK_BOUND_SECONDS = 2 * HEARTBEAT_SECONDS + HEALTH_TIMEOUT_SECONDS
+LOCK_PATH = Path("/run/lock/llm-suite-multihost.lock")
+
+
+@dataclass
+class Deployment:
+    """The running hosts and a client of the gateway."""
+
+    network: TestNetwork
+    folder: Path
+    http: httpx.Client
+
+    def host(self, name: str) -> Host:
+        """The host called ``name``."""
+        return self.network.hosts[name]
+
+    def url(self, name: str, port: int = 8001) -> str:
+        """The base URL of a server on host ``name``."""
+        return f"http://{self.host(name).address}:{port}"
+
+    def backend(self, url: str, http: httpx.Client | None = None) -> dict[str, Any]:
+        """The gateway's row for the server at ``url``."""
+        rows = (http or self.http).get("/backends", timeout=5).json()["backends"]
+        return next(row for row in rows if row["url"] == url)
+
+
+def _unavailable(reason: str) -> None:
+    # CI runs as root with iproute2 and iptables installed (make test): there a missing
+    # namespace is a broken build, not a reason to skip.
+    if os.environ.get("CI"):
+        pytest.fail(f"multi-host tests cannot run on CI: {reason}")
+    pytest.skip(f"multi-host tests need network namespaces: {reason}")
+
+
+def _gateway_config(folder: Path, name: str, **fields: Any) -> Path:
+    config = {
+        "heart_beat_interval_seconds": HEARTBEAT_SECONDS,
+        "health_timeout_seconds": HEALTH_TIMEOUT_SECONDS,
+        "num_failures_to_mark_down": 1,
+        "connect_timeout_seconds": 1,
+        "request_timeout_seconds": 5,
+        "config_watch_interval_seconds": 0,
+        **fields,
+    }
+    path = folder / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def start_gateway(deployment: Deployment, name: str, port: int, **fields: Any) -> httpx.Client:
+    """Start a gateway on the ``gw`` host and return a client of it (waits until it answers)."""
+    folder, gw = deployment.folder, deployment.host("gw")
+    config = _gateway_config(folder, name, **fields)
+    args = ["client_app.py", "--config", str(config), "--host", gw.address, "--port", str(port)]
+    gw.spawn([*args, "--log-level", "warning"], folder / f"{name}.log")
+    http = httpx.Client(base_url=f"http://{gw.address}:{port}", timeout=10, trust_env=False)
+    wait_until(
+        lambda: http.get("/health").status_code == 200,
+        30,
+        interval=0.1,
+        ignoring=(httpx.HTTPError,),
+        message=lambda: f"gateway {name}: {(folder / f'{name}.log').read_text()[-2000:]}",
+    )
+    return http
+
+
+@pytest.fixture(scope="session")
+def deployment(
+    tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
+) -> Iterator[Deployment]:
+    """The hosts, their servers and the gateway, all healthy; removed at teardown."""
+    try:
+        TestNetwork.preflight()  # before the lock: /run/lock may not be writable then
+    except NetnsUnavailable as exc:
+        _unavailable(str(exc))
+    LOCK_PATH.parent.mkdir(parents=True, exist_ok=True)
+    with LOCK_PATH.open("w") as lock:
+        # One run at a time on this machine: the runs would share the address range.
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        network = TestNetwork("llmt")
+        try:
+            network.open()
+        except NetnsUnavailable as exc:
+            _unavailable(str(exc))
+        try:
+            yield from _deploy(network, tmp_path_factory.mktemp("multihost"), default_model_path)
+        finally:
+            network.close()
+
+
+def _deploy(network: TestNetwork, folder: Path, model_path: Path) -> Iterator[Deployment]:
+    for index, name in ((10, "gw"), (11, "cb1"), (12, "cb2"), (13, "sb"), (14, "cb3")):
+        network.add_host(name, index)
+    hosts = network.hosts
+    cb_config = folder / "cb1.json"
+    cb_config.write_text(
+        json.dumps(
+            {
+                "model_loading_config": {
+                    "model_name_or_path": str(model_path),
+                    "torch_dtype": "bfloat16",
+                    "num_threads": 1,
+                },
+                "cache_config": {"memory_budget_gb": 0.25, "num_blocks_cpu": 64},
+            }
+        )
+    )
+    cb1 = hosts["cb1"]
+    cb1.spawn(
+        ["continuous_batching_server_app.py", "--config", str(cb_config)]
+        + ["--host", cb1.address, "--port", "8001"],
+        folder / "cb1.log",
+    )
+    for name, kind, port in (
+        ("cb2", "continuous_batching", 8001),
+        ("cb3", "continuous_batching", 8001),
+        ("sb", "static_batching", 8002),
+    ):
+        host = hosts[name]
+        args = ["-m", "tests.multihost.fake_host", "--host", host.address, "--port", str(port)]
+        args += ["--name", name, "--model", MODEL, "--kind", kind]
+        host.spawn(args, folder / f"{name}.log")
+    deployment = Deployment(network, folder, httpx.Client())
+    deployment.http = start_gateway(
+        deployment,
+        "gateway",
+        8000,
+        continuous_batching_server_urls=[deployment.url("cb1"), deployment.url("cb2")],
+        static_batching_server_urls=[deployment.url("sb", 8002)],
+    )
+
+    def all_healthy() -> bool:
+        rows = deployment.http.get("/backends").json()["backends"]
+        return all(row["is_healthy"] for row in rows)
+
+    wait_until(
+        all_healthy,
+        180,  # the real CB server loads the model first
+        interval=0.2,
+        message=lambda: (
+            f"all backends healthy; cb1 log: {(folder / 'cb1.log').read_text()[-3000:]}"
+        ),
+    )
+    try:
+        yield deployment
+    finally:
+        deployment.http.close()
