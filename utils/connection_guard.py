@@ -132,6 +132,19 @@ class ConnectionGuard:
         self._disarm()
         self._in_body = False
 
+    def _close_if_answered_mid_body(self, cycle: Any) -> None:
+        """Make an answer that starts while the body is still coming say ``connection:
+        close`` (uvicorn adds it when the cycle is not keep-alive): ``_answered_early`` then
+        closes the connection, and the client must not reuse it for its next request."""
+        send = cycle.send
+
+        async def send_and_mark(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start" and self._in_body:
+                cycle.keep_alive = False
+            await send(message)
+
+        cycle.send = send_and_mark
+
     def _answered_early(self) -> bool:
         """Call when an answer completes. A request answered before its body ended (a 413)
         closes its connection rather than reading an upload nobody wants; True if so.

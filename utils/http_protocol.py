@@ -107,6 +107,7 @@ class HardenedHttpToolsProtocol(ConnectionGuard, HttpToolsProtocol):
             raise _Rejected
         super().on_headers_complete()
         self._headers_done()
+        self._close_if_answered_mid_body(self.cycle)
 
     def on_body(self, body: bytes) -> None:
         """Pass the chunk on; the body timer sees it at its next deadline."""
