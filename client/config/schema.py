@@ -7,11 +7,20 @@ the rest are what an operator needs to tune (balancing policy, timeouts, body si
 
 from __future__ import annotations
 
+import os
 import re
-from typing import Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 #: Balancing policies the config may name (one class each in ``client.balancing.policies``).
 PolicyName = Literal["least_outstanding", "round_robin", "power_of_two", "affinity"]
@@ -21,6 +30,25 @@ _PLACEHOLDER_KEY = re.compile(
     r"^(|your[_\- ].*|<.*>|\$\{.*\}|change[_\-]?me|x{3,}|\.{3}|sk-\.{3}|none|null)$",
     re.IGNORECASE,
 )
+
+
+def secret_from_env(value: Any) -> Any:
+    """``{"env": "NAME"}`` -> the value of ``$NAME``, so that keys need not live in the file.
+
+    A variable that is not set is an error naming it (never its value: there is none).
+    """
+    if isinstance(value, dict) and set(value) == {"env"}:
+        name = value["env"]
+        if not isinstance(name, str) or not name:
+            raise ValueError('{"env": NAME} needs the name of an environment variable')
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+#: A secret given in the file or, as ``{"env": "NAME"}``, by an environment variable.
+EnvSecret = Annotated[SecretStr, BeforeValidator(secret_from_env)]
 
 
 def check_base_url(url: str) -> str:
@@ -55,7 +83,7 @@ class OpenAIJumperConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    api_key: SecretStr
+    api_key: EnvSecret
     org_id: str | None = None
     base_url: str = "https://api.openai.com/v1"
     models: list[str] = Field(
@@ -143,9 +171,10 @@ class ClientConfig(BaseModel):
         gt=0,
         description="rest for an upstream key after a 429/5xx without Retry-After",
     )
-    api_keys: list[SecretStr] = Field(
+    api_keys: list[EnvSecret] = Field(
         default_factory=list,
-        description="when non-empty, callers must send 'Authorization: Bearer <one of these>'",
+        description="when non-empty, callers must send 'Authorization: Bearer <one of these>'; "
+        'each entry a key or {"env": "NAME"} (read from that environment variable)',
     )
     config_watch_interval_seconds: float = Field(
         default=2.0, ge=0, description="how often the config file is checked for changes (0: off)"
