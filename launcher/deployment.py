@@ -19,6 +19,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from launcher.console import StartAppError
 
+# Re-exported: the launcher's modules and start_app import base_url from here.
+from utils.deployment_apps import base_url as base_url
+
 REPO_ROOT: Path = Path(__file__).resolve().parents[1]
 DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"
 DEFAULT_HEALTH_TIMEOUT: float = 180.0
@@ -194,11 +197,3 @@ def load_deployment(path: str | os.PathLike[str]) -> Deployment:
 def bind_address(host: str, port: int) -> str:
     """gunicorn's --bind value (IPv6 literals need brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def base_url(host: str, port: int) -> str:
-    """URL to reach an app bound to ``host``: wildcard binds are reached over loopback."""
-    connect = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    if ":" in connect:
-        connect = f"[{connect}]"
-    return f"http://{connect}:{port}"

@@ -32,6 +32,10 @@ _PLACEHOLDER_KEY = re.compile(
 )
 
 
+# The launcher's rule for app names (launcher.deployment.NAME_PATTERN).
+_APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
 def secret_from_env(value: Any) -> Any:
     """``{"env": "NAME"}`` -> the value of ``$NAME``, so that keys need not live in the file.
 
@@ -67,6 +71,29 @@ def check_base_url(url: str) -> str:
     except ValueError as exc:
         raise ValueError(f"{url!r} has an invalid port: {exc}") from None
     return url
+
+
+def is_app_name(entry: str) -> bool:
+    """True for a deployment app name (``cb_server``) rather than a URL in a server list."""
+    return "://" not in entry and bool(_APP_NAME.match(entry))
+
+
+def check_server_lists(cb: list[str], sb: list[str], triton: list[str]) -> None:
+    """Refuse a server listed twice, in one list or across the lists (``ValueError``)."""
+    for urls in (cb, sb):
+        if len(set(urls)) != len(urls):
+            raise ValueError("a server URL is listed more than once")
+    both = set(cb) & set(sb)
+    if both:
+        raise ValueError(
+            f"{sorted(both)} listed as both a continuous- and a static-batching server"
+        )
+    if len(set(triton)) != len(triton):
+        raise ValueError("a Triton server URL is listed more than once")
+    if (set(cb) | set(sb)) & set(triton):
+        raise ValueError(
+            f"{sorted((set(cb) | set(sb)) & set(triton))} listed as a Triton server too"
+        )
 
 
 def is_placeholder_key(key: str) -> bool:
@@ -185,29 +212,28 @@ class ClientConfig(BaseModel):
     connect_timeout_seconds: float = Field(default=5.0, gt=0)
     health_timeout_seconds: float = Field(default=3.0, gt=0)
     max_request_bytes: int = Field(default=1_000_000, gt=0)
+    deployment_file: str | None = Field(
+        default=None,
+        description="the deployment file whose app names the server lists may use instead of "
+        "URLs (default: $LLM_SUITE_DEPLOYMENT_FILE, set by the launcher, else deployment.json "
+        "beside this file)",
+    )
 
     @field_validator("continuous_batching_server_urls", "static_batching_server_urls")
     @classmethod
     def _check_urls(cls, value: list[str]) -> list[str]:
         for url in value:
-            check_base_url(url)
-        if len(set(value)) != len(value):
-            raise ValueError("a server URL is listed more than once")
+            if not is_app_name(url):
+                check_base_url(url)
         return value
 
     @model_validator(mode="after")
     def _check_lists(self) -> ClientConfig:
-        both = set(self.continuous_batching_server_urls) & set(self.static_batching_server_urls)
-        if both:
-            raise ValueError(
-                f"{sorted(both)} listed as both a continuous- and a static-batching server"
-            )
-        triton_urls = [server.url for server in self.triton_server_urls]
-        if len(set(triton_urls)) != len(triton_urls):
-            raise ValueError("a Triton server URL is listed more than once")
-        ours = set(self.continuous_batching_server_urls) | set(self.static_batching_server_urls)
-        if ours & set(triton_urls):
-            raise ValueError(f"{sorted(ours & set(triton_urls))} listed as a Triton server too")
+        check_server_lists(
+            self.continuous_batching_server_urls,
+            self.static_batching_server_urls,
+            [server.url for server in self.triton_server_urls],
+        )
         return self
 
     @field_validator("api_keys")

@@ -12,6 +12,7 @@ import pytest
 from client.backends.base import Backend, InFlightLease
 from client.balancing.policies import POLICIES, LeastOutstandingWork, make_policy
 from client.balancing.registry import BackendRegistry
+from client.config.loading import load_client_config
 from client.config.schema import ClientConfig, OpenAIJumperConfig, is_placeholder_key
 from client.gateway_request import GatewayRequest
 from protocol.generation import GenerateRequest
@@ -41,7 +42,10 @@ def _backend(url: str, model: str = "m", kind: str = "static_batching", **load: 
 
 
 def test_shipped_config_loads() -> None:
-    config = load_config(REPO_ROOT / "configs" / "client_config.json", ClientConfig)
+    # Its servers are named by app: their URLs come from the deployment file beside it.
+    config = load_client_config(
+        REPO_ROOT / "configs" / "client_config.json", REPO_ROOT / "configs" / "deployment.json"
+    )
     assert config.static_batching_server_urls == ["http://127.0.0.1:8002"]
     assert config.continuous_batching_server_urls == ["http://127.0.0.1:8001"]
     # The seed's template entry: a placeholder key, so disabled until a real key is put in.
