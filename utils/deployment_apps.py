@@ -11,6 +11,11 @@ import json
 import os
 from pathlib import Path
 
+from utils.env_overrides import EnvOverrideError, apply_env_overrides
+
+#: Overrides of the deployment's keys from the environment (``utils.env_overrides``); read
+#: here as by the launcher, so that a port moved by a variable moves for both.
+DEPLOYMENT_ENV_PREFIX = "LLM_SUITE_DEPLOYMENT"
 #: Set by the launcher for every app it starts from a deployment file (the file's path).
 DEPLOYMENT_FILE_ENV = "LLM_SUITE_DEPLOYMENT_FILE"
 
@@ -34,6 +39,11 @@ def app_urls(path: str | os.PathLike[str]) -> dict[str, str]:
         raise ValueError(f"cannot read deployment file {path}: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise ValueError(f"deployment file {path} is not valid JSON: {exc.msg}") from None
+    if isinstance(data, dict):
+        try:
+            apply_env_overrides(data, DEPLOYMENT_ENV_PREFIX)
+        except EnvOverrideError as exc:
+            raise ValueError(f"deployment file {path}: environment override {exc}") from None
     apps = data.get("apps") if isinstance(data, dict) else None
     if not isinstance(apps, list):
         raise ValueError(f"deployment file {path} has no 'apps' list")

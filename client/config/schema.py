@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -157,9 +157,14 @@ class TritonServerConfig(BaseModel):
 
 
 class ClientConfig(BaseModel):
-    """The gateway's config file; unknown keys are refused so that typos surface at start-up."""
+    """The gateway's config file; unknown keys are refused so that typos surface at start-up.
+
+    Every key can be overridden from the environment: ``LLM_SUITE_GATEWAY__KEY`` (nesting with
+    ``__``, see ``utils.env_overrides``).
+    """
 
     model_config = ConfigDict(extra="forbid")
+    env_prefix: ClassVar[str] = "LLM_SUITE_GATEWAY"
 
     continuous_batching_server_urls: list[str] = Field(default_factory=list)
     static_batching_server_urls: list[str] = Field(default_factory=list)
