@@ -168,10 +168,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 class _Stop(Exception):
-    """Raised by the SIGTERM handler so that the foreground loop stops both apps."""
+    """Raised by the signal handler so that the foreground loop stops both apps."""
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+def _on_stop_signal(signum: int, frame: FrameType | None) -> None:
     raise _Stop
 
 
@@ -179,7 +179,9 @@ def _foreground(run_dir: Path, names: list[str]) -> int:
     """Print the apps' logs until Ctrl-C, SIGTERM or an app's death; then stop both."""
     records = [r for r in (read_record(run_dir, n) for n in names) if r is not None]
     follower = LogFollower({r.name: Path(r.log_file) for r in records})
-    previous = signal.signal(signal.SIGTERM, _on_sigterm)
+    # SIGINT explicitly too: a shell starts `llm-suite serve ... &` with SIGINT ignored, and
+    # `kill -INT` must still stop both apps as Ctrl-C does in the foreground.
+    previous = {s: signal.signal(s, _on_stop_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     say("press Ctrl-C to stop")
     code = 0
     try:
@@ -196,7 +198,8 @@ def _foreground(run_dir: Path, names: list[str]) -> int:
         say()
         say("stopping:")
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
     return _stop_all(records, run_dir) or code
 
 

@@ -36,7 +36,16 @@ def test_serve_answers_the_openai_sdk_and_ctrl_c_stops_both(
     env = dict(os.environ, HF_HUB_OFFLINE="1", LLM_SUITE_API_KEY=secret)
     command = [*SERVE, str(default_model_path), "--port", str(port), "--run-dir", str(run_dir)]
     with open(out, "wb") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, env=env, stdout=log, stderr=log)
+        # Started as a shell starts `llm-suite serve ... &`: with SIGINT ignored. Ctrl-C in a
+        # terminal and `kill -INT` of such a job must both stop it.
+        process = subprocess.Popen(
+            command,
+            cwd=REPO_ROOT,
+            env=env,
+            stdout=log,
+            stderr=log,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        )
     try:
         wait_until(
             lambda: "press Ctrl-C" in out.read_text() or process.poll() is not None,
