@@ -24,6 +24,7 @@ from launcher.processes import is_ours, pid_alive, stop_record
 from launcher.rundir import AppRecord, read_record, resolve_run_dir
 from launcher.serve_logs import LogFollower
 from launcher.startup import bring_up, port_problem
+from utils.config import resolve_path
 
 #: The gateway's key reaches it through this variable, never through a JSON file.
 API_KEY_ENV = "LLM_SUITE_API_KEY"
@@ -73,6 +74,11 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
         except (OSError, json.JSONDecodeError) as exc:
             raise StartAppError(f"cannot read --config {args.config}: {exc}") from None
     loading = config.setdefault("model_loading_config", {})
+    for key in ("model_name_or_path", "tokenizer_name_or_path"):
+        if args.config and isinstance(loading.get(key), str):
+            # The config is rewritten into the run folder: its relative paths are made absolute
+            # here, as the server would have resolved them beside the original file.
+            loading[key] = os.path.abspath(resolve_path(args.config, loading[key]))
     if args.model:
         # Absolute: the server runs from another folder than the caller's.
         loading["model_name_or_path"] = os.path.abspath(os.path.expanduser(args.model))

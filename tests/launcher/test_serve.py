@@ -3,6 +3,7 @@ them, Ctrl-C (SIGINT) and nothing left; plus the refusals that start nothing."""
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -14,6 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
+from launcher.serve import server_config
 from launcher.serve_logs import LogFollower
 from tests.launcher.start_app_runner import free_port, is_alive
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
@@ -112,3 +114,22 @@ def test_log_follower_prefixes_lines_and_hides_probes(tmp_path: Path) -> None:
         handle.write("ial line\n")
     follower.pump()
     assert out.getvalue().splitlines() == ["gateway | started", "gateway | partial line"]
+
+
+def test_a_full_config_keeps_its_relative_paths_and_flags_override_it(tmp_path: Path) -> None:
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    (tmp_path / "configs").mkdir()
+    config = tmp_path / "configs" / "cb.json"
+    loading = {"model_name_or_path": "models/m", "torch_dtype": "float32", "num_threads": 4}
+    config.write_text(json.dumps({"model_loading_config": loading, "cache_config": {"x": 1}}))
+    args = argparse.Namespace(
+        config=str(config), model=None, dtype="bfloat16", device=None, threads=None,
+        served_model_name=None,
+    )  # fmt: skip
+    written = server_config(args)
+    assert written["model_loading_config"] == {
+        "model_name_or_path": str(tmp_path / "models" / "m"),  # beside the config's folder
+        "torch_dtype": "bfloat16",
+        "num_threads": 4,
+    }
+    assert written["cache_config"] == {"x": 1}
