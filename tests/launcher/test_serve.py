@@ -25,6 +25,12 @@ from tests.support.waiting import wait_until
 SERVE = [sys.executable, "-m", "launcher", "serve"]
 
 
+def _run(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=240
+    )
+
+
 def _pids(run_dir: Path) -> dict[str, int]:
     return {p.stem: json.loads(p.read_text())["pid"] for p in run_dir.glob("*.json")}
 
@@ -86,6 +92,34 @@ def test_serve_answers_the_openai_sdk_and_ctrl_c_stops_both(
     for path in [out, *run_dir.rglob("*")]:
         if path.is_file():
             assert secret not in path.read_text(errors="replace"), path
+
+
+@pytest.mark.slow
+def test_serve_in_the_background_is_stopped_by_down(
+    tmp_path: Path, default_model_path: Path
+) -> None:
+    port, run_dir = free_port(), tmp_path / "run"
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env.pop("LLM_SUITE_API_KEY", None)
+    command = [*SERVE, str(default_model_path), "--port", str(port), "--run-dir", str(run_dir)]
+    launcher = [sys.executable, "-m", "launcher"]
+    pids: dict[str, int] = {}
+    try:
+        done = _run(
+            [*command, "--background", "--served-model-name", "smol", "--threads", "1"], env
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        pids = _pids(run_dir)
+        assert all(is_alive(pid) for pid in pids.values()) and len(pids) == 2, pids
+        models = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-").models.list()
+        assert [model.id for model in models] == ["smol"]
+        status = _run([*launcher, "status", "--run-dir", str(run_dir)], env)
+        assert f"serve-{port}-gateway" in status.stdout and f"serve-{port}-server" in status.stdout
+    finally:
+        down = _run([*launcher, "down", "--run-dir", str(run_dir)], env)
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert not any(is_alive(pid) for pid in pids.values())
+    assert not list(run_dir.glob("*.json"))
 
 
 def test_serve_a_missing_model_starts_nothing(tmp_path: Path) -> None:
