@@ -32,3 +32,4 @@ def test_wheel_has_the_console_script_and_the_configs(tmp_path: Path) -> None:
     shipped = {p.name for p in (REPO_ROOT / "configs").glob("*.json")}
     assert shipped and {f"configs/{name}" for name in shipped} <= names
     assert "launcher/serve.py" in names and "launcher/__main__.py" in names
+    assert "chat_ui_app.py" in names  # the launcher runs it by path under streamlit
