@@ -33,14 +33,14 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
-from client.config.schema import ClientConfig
+from client.config.loading import load_client_config
 from client.gateway import BackendTable, Gateway, GatewayHealth
 from client.intake.forward import forward, gateway_of, require_caller_key
 from client.intake.triton_api import triton_routes
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
 from protocol.triton import TritonGenerateRequest
-from utils.config import ConfigError, load_config
+from utils.config import ConfigError
 from utils.connection_limits import ConnectionLimits, set_limits
 from utils.errors import install_error_handlers
 from utils.logging import setup_logging
@@ -127,7 +127,7 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     setup_logging()
     # httpx logs every request at INFO: one line per forwarded request and per health check.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-    config = load_config(config_path, ClientConfig)
+    config = load_client_config(config_path)
     gateway = Gateway(config, config_path)
 
     @asynccontextmanager

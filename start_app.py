@@ -19,7 +19,9 @@ Deployments are JSON files (``configs/deployment.json`` by default) validated by
 models in ``launcher/deployment.py``; relative paths in them are relative to the
 repository root.
 
-This file is the entry point; the launcher itself is the package ``launcher/``.
+This file is the entry point in a source checkout; installed, the same command line is the
+console script ``llm-suite`` (also ``python -m launcher``), which adds ``serve MODEL``. The
+launcher itself is the package ``launcher/``.
 """
 
 from __future__ import annotations

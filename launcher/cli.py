@@ -1,4 +1,4 @@
-"""The command line of ``start_app.py``: the argument parser and ``main``.
+"""The command line of ``llm-suite`` (and ``start_app.py``): the argument parser and ``main``.
 
 ``main`` parses the arguments, makes the paths typed on the command line absolute, runs the
 command and turns a :class:`StartAppError` into one ``error:`` line and exit code 1.
@@ -20,6 +20,7 @@ from launcher.deployment import (
 )
 from launcher.processes import STOP_GRACE_SECONDS
 from launcher.rundir import RUN_DIR_ENV
+from launcher.serve import add_serve_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -35,9 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"deployment file (default: {DEFAULT_DEPLOYMENT.relative_to(REPO_ROOT)})",
     )
 
+    # prog is left to argparse: "llm-suite" or "start_app.py", whichever was run.
     parser = argparse.ArgumentParser(
-        prog="start_app.py",
-        description="Run the suite's apps (gateway, servers, chat UI) in the background.",
+        description="Run the suite's apps (gateway, servers, chat UI) in the background, or "
+        "serve one model with 'serve MODEL'.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n".join(
             [
@@ -47,12 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
                     for name, kind in APP_KINDS.items()
                 ),
                 "",
-                "examples:",
-                "  python start_app.py up         # every enabled app of configs/deployment.json",
-                "  python start_app.py status",
-                "  python start_app.py logs client -n 100 -f",
-                "  python start_app.py start sb_server --port 8012 --workers 2",
-                "  python start_app.py down",
+                "examples (llm-suite or python start_app.py):",
+                "  llm-suite up          # every enabled app of configs/deployment.json",
+                "  llm-suite status",
+                "  llm-suite logs client -n 100 -f",
+                "  llm-suite start sb_server --port 8012 --workers 2",
+                "  llm-suite down",
+                "  llm-suite serve models/SmolLM2-135M-Instruct --port 8000   # Ctrl-C stops it",
                 "",
                 f"environment: {RUN_DIR_ENV} sets the pid/log folder (default <repo>/run).",
                 "Run '<command> --help' for the options of a command.",
@@ -121,6 +124,8 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.set_defaults(func=cmd_logs)
+
+    add_serve_parser(sub, common)
     return parser
 
 

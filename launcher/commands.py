@@ -26,11 +26,13 @@ from launcher.deployment import (
     base_url,
     format_loc,
     load_deployment,
+    resolve_path,
 )
 from launcher.processes import is_ours, pid_alive, stop_record
 from launcher.rundir import list_records, log_path, read_record, resolve_run_dir
 from launcher.startup import bring_up, probe_health
 from launcher.wiring_check import unmatched_gateway_urls, warn
+from utils.deployment_apps import DEPLOYMENT_FILE_ENV
 
 
 def _deployment_for_run_dir(args: argparse.Namespace) -> Deployment | None:
@@ -46,9 +48,10 @@ def _deployment_for_run_dir(args: argparse.Namespace) -> Deployment | None:
 
 def cmd_up(args: argparse.Namespace) -> int:
     """``up``: start every enabled app of the deployment."""
-    deployment = load_deployment(args.deployment or DEFAULT_DEPLOYMENT)
+    deployment_file = resolve_path(args.deployment or DEFAULT_DEPLOYMENT)
+    deployment = load_deployment(deployment_file)
     run_dir = resolve_run_dir(args.run_dir, deployment)
-    entries = [e for e in deployment.apps if e.enabled]
+    entries = [_with_deployment_env(e, deployment_file) for e in deployment.apps if e.enabled]
     if not entries:
         say("the deployment enables no app; nothing to do")
         return 0
@@ -57,10 +60,17 @@ def cmd_up(args: argparse.Namespace) -> int:
         say()
         _print_status(run_dir, None)
         say()
-        for warning in unmatched_gateway_urls(deployment.apps):
+        for warning in unmatched_gateway_urls(deployment.apps, deployment_file):
             warn(warning)
         say(f"all up. Stop with: python {Path(sys.argv[0]).name} down")
     return code
+
+
+def _with_deployment_env(entry: AppEntry, deployment_file: Path) -> AppEntry:
+    """The entry with ``$LLM_SUITE_DEPLOYMENT_FILE`` set: a gateway's config that names its
+    servers by app name resolves them from the deployment it was started from."""
+    env = {DEPLOYMENT_FILE_ENV: str(deployment_file), **entry.env}
+    return entry.model_copy(update={"env": env})
 
 
 def _stop_all(run_dir: Path) -> int:
@@ -143,15 +153,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _entry_for_start(args: argparse.Namespace) -> tuple[AppEntry, Deployment | None]:
     """Build the entry for ``start``: deployment entry or built-in defaults, then CLI options."""
     deployment: Deployment | None = None
-    if args.deployment:
-        deployment = load_deployment(args.deployment)
-    elif DEFAULT_DEPLOYMENT.exists():
-        deployment = load_deployment(DEFAULT_DEPLOYMENT)
+    deployment_file = resolve_path(args.deployment) if args.deployment else DEFAULT_DEPLOYMENT
+    if args.deployment or DEFAULT_DEPLOYMENT.exists():
+        deployment = load_deployment(deployment_file)
     base: dict[str, Any] | None = None
     if deployment is not None:
         for entry in deployment.apps:
             if entry.name == args.app:
-                base = entry.model_dump()
+                base = _with_deployment_env(entry, deployment_file).model_dump()
                 break
     if base is None and args.app in APP_KINDS:
         kind = APP_KINDS[args.app]

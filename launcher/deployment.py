@@ -2,8 +2,10 @@
 
 A deployment (``configs/deployment.json`` by default) lists the apps to run, each with host,
 port, workers, config and environment. Relative paths in it are relative to the repository
-root, so that it works from any folder. :func:`load_deployment` turns any problem with the file
-into a :class:`StartAppError` that names the file, the key and what is wrong.
+root, so that it works from any folder; ``LLM_SUITE_DEPLOYMENT__...`` variables override its
+keys (``LLM_SUITE_DEPLOYMENT__APPS__CB_SERVER__PORT=9001``, see ``utils.env_overrides``).
+:func:`load_deployment` turns any problem with the file into a :class:`StartAppError` that
+names the file, the key and what is wrong.
 """
 
 from __future__ import annotations
@@ -18,6 +20,11 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from launcher.console import StartAppError
+
+# Re-exported: the launcher's modules and start_app import base_url from here.
+from utils.deployment_apps import DEPLOYMENT_ENV_PREFIX
+from utils.deployment_apps import base_url as base_url
+from utils.env_overrides import EnvOverrideError, apply_env_overrides, variable_for
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[1]
 DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"
@@ -178,6 +185,12 @@ def load_deployment(path: str | os.PathLike[str]) -> Deployment:
             f"deployment file {file} is not valid JSON: {exc.msg} "
             f"(line {exc.lineno}, column {exc.colno})"
         ) from None
+    applied: dict[tuple[str | int, ...], str] = {}
+    if isinstance(data, dict):
+        try:
+            applied = apply_env_overrides(data, DEPLOYMENT_ENV_PREFIX)
+        except EnvOverrideError as exc:
+            raise StartAppError(f"deployment file {file}: environment override {exc}") from None
     try:
         return Deployment.model_validate(data)
     except ValidationError as exc:
@@ -187,6 +200,9 @@ def load_deployment(path: str | os.PathLike[str]) -> Deployment:
             detail = error["msg"]
             if error["type"] != "missing" and "input" in error:
                 detail += f" (got {json.dumps(error['input'], default=str)[:80]})"
+            variable = variable_for(tuple(error["loc"]), applied)
+            if variable:
+                detail += f" (set by the environment variable {variable})"
             lines.append(f"  {key}: {detail}")
         raise StartAppError("\n".join(lines)) from None
 
@@ -194,11 +210,3 @@ def load_deployment(path: str | os.PathLike[str]) -> Deployment:
 def bind_address(host: str, port: int) -> str:
     """gunicorn's --bind value (IPv6 literals need brackets)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def base_url(host: str, port: int) -> str:
-    """URL to reach an app bound to ``host``: wildcard binds are reached over loopback."""
-    connect = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(host, host)
-    if ":" in connect:
-        connect = f"[{connect}]"
-    return f"http://{connect}:{port}"

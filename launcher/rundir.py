@@ -3,7 +3,7 @@
 For each app ``NAME`` it holds a record ``NAME.json`` (an :class:`AppRecord`), the pid file
 ``NAME.pid`` and the log ``logs/NAME.log``; ``.start.lock`` keeps two starts apart. The folder
 is ``--run-dir``, else ``$LLM_SUITE_RUN_DIR``, else the deployment's ``run_dir``, else
-``<repo>/run``.
+``<repo>/run`` (installed from a wheel: ``~/.local/state/llm-suite/run``).
 """
 
 from __future__ import annotations
@@ -58,7 +58,16 @@ def resolve_run_dir(cli_value: str | None = None, deployment: Deployment | None 
         return resolve_path(env_value)
     if deployment is not None and deployment.run_dir:
         return resolve_path(deployment.run_dir)
-    return REPO_ROOT / "run"
+    return default_run_dir()
+
+
+def default_run_dir() -> Path:
+    """``<repo>/run`` in a source checkout; installed from a wheel, where the code sits in
+    site-packages, the user's state folder (``$XDG_STATE_HOME/llm-suite/run``)."""
+    if (REPO_ROOT / "pyproject.toml").is_file():
+        return REPO_ROOT / "run"
+    state = os.environ.get("XDG_STATE_HOME") or os.path.expanduser("~/.local/state")
+    return Path(state) / "llm-suite" / "run"
 
 
 def record_path(run_dir: Path, name: str) -> Path:

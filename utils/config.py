@@ -1,4 +1,8 @@
-"""Loading JSON configs into pydantic models with errors that name file, key and problem."""
+"""Loading JSON configs into pydantic models with errors that name file, key and problem.
+
+A schema with a ``env_prefix`` class variable takes overrides from the environment
+(``utils.env_overrides``); an error at an overridden key names the variable too.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,8 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from utils.env_overrides import EnvOverrideError, apply_env_overrides, variable_for
+
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 
 
@@ -16,7 +22,7 @@ class ConfigError(Exception):
 
 
 def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
-    """Read ``path`` as JSON and validate it against ``schema``.
+    """Read ``path`` as JSON, apply the schema's environment overrides, validate.
 
     Raises ``ConfigError`` with a message such as
     ``configs/sb.json: batcher_config.package_max_workload: Input should be greater than 0``.
@@ -34,6 +40,13 @@ def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
         raise ConfigError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
+    prefix = getattr(schema, "env_prefix", None)
+    applied: dict[tuple[str | int, ...], str] = {}
+    if prefix and isinstance(data, dict):
+        try:
+            applied = apply_env_overrides(data, prefix)
+        except EnvOverrideError as exc:
+            raise ConfigError(f"{path}: environment override {exc}") from None
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
@@ -43,6 +56,9 @@ def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
             problem = str(err["msg"]).removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 problem = "unknown key (check its spelling)"
+            variable = variable_for(tuple(err["loc"]), applied)
+            if variable:
+                problem += f" (set by the environment variable {variable})"
             problems.append(f"{path}: {key}: {problem}")
         raise ConfigError("\n".join(problems)) from None
 

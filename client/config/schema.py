@@ -9,10 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Literal
+from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 
 from utils.connection_limits import ConnectionLimits
 
@@ -24,6 +32,29 @@ _PLACEHOLDER_KEY = re.compile(
     r"^(|your[_\- ].*|<.*>|\$\{.*\}|change[_\-]?me|x{3,}|\.{3}|sk-\.{3}|none|null)$",
     re.IGNORECASE,
 )
+
+
+# The launcher's rule for app names (launcher.deployment.NAME_PATTERN).
+_APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def secret_from_env(value: Any) -> Any:
+    """``{"env": "NAME"}`` -> the value of ``$NAME``, so that keys need not live in the file.
+
+    A variable that is not set is an error naming it (never its value: there is none).
+    """
+    if isinstance(value, dict) and set(value) == {"env"}:
+        name = value["env"]
+        if not isinstance(name, str) or not name:
+            raise ValueError('{"env": NAME} needs the name of an environment variable')
+        if name not in os.environ:
+            raise ValueError(f"environment variable {name} is not set")
+        return os.environ[name]
+    return value
+
+
+#: A secret given in the file or, as ``{"env": "NAME"}``, by an environment variable.
+EnvSecret = Annotated[SecretStr, BeforeValidator(secret_from_env)]
 
 
 def check_base_url(url: str) -> str:
@@ -44,6 +75,29 @@ def check_base_url(url: str) -> str:
     return url
 
 
+def is_app_name(entry: str) -> bool:
+    """True for a deployment app name (``cb_server``) rather than a URL in a server list."""
+    return "://" not in entry and bool(_APP_NAME.match(entry))
+
+
+def check_server_lists(cb: list[str], sb: list[str], triton: list[str]) -> None:
+    """Refuse a server listed twice, in one list or across the lists (``ValueError``)."""
+    for urls in (cb, sb):
+        if len(set(urls)) != len(urls):
+            raise ValueError("a server URL is listed more than once")
+    both = set(cb) & set(sb)
+    if both:
+        raise ValueError(
+            f"{sorted(both)} listed as both a continuous- and a static-batching server"
+        )
+    if len(set(triton)) != len(triton):
+        raise ValueError("a Triton server URL is listed more than once")
+    if (set(cb) | set(sb)) & set(triton):
+        raise ValueError(
+            f"{sorted((set(cb) | set(sb)) & set(triton))} listed as a Triton server too"
+        )
+
+
 def is_placeholder_key(key: str) -> bool:
     """True for empty keys and template values like ``YOUR_OPENAI_KEY`` (treated as disabled)."""
     return bool(_PLACEHOLDER_KEY.match(key.strip()))
@@ -54,17 +108,14 @@ class OpenAIJumperConfig(BaseModel):
 
     ``api_key`` is a ``SecretStr``: its ``repr`` and ``str`` are masked, so it never reaches a
     log line by accident. Placeholder keys disable the entry (see :attr:`is_enabled`).
-    ``api_key_env`` instead names an environment variable holding the key (on Kubernetes, one
-    filled from a Secret), so that the key never sits in the config file; an unset or empty
-    variable disables the entry like a placeholder does.
+    ``{"env": "NAME"}`` instead names an environment variable holding the key (on Kubernetes,
+    one filled from a Secret), so that the key never sits in the config file; an unset variable
+    stops start-up with an error naming it.
     """
 
     model_config = ConfigDict(extra="forbid")
 
-    api_key: SecretStr = SecretStr("")
-    api_key_env: str | None = Field(
-        default=None, description="environment variable holding the key (instead of api_key)"
-    )
+    api_key: EnvSecret
     org_id: str | None = None
     base_url: str = "https://api.openai.com/v1"
     models: list[str] = Field(
@@ -78,19 +129,6 @@ class OpenAIJumperConfig(BaseModel):
     @classmethod
     def _check_base_url(cls, value: str) -> str:
         return check_base_url(value)
-
-    @model_validator(mode="after")
-    def _key_from_environment(self) -> OpenAIJumperConfig:
-        has_key = "api_key" in self.model_fields_set
-        if self.api_key_env is None:
-            if not has_key:
-                raise ValueError("give api_key or api_key_env")
-            return self
-        if has_key:
-            raise ValueError("give api_key or api_key_env, not both")
-        # Read at validation, so a config reload picks up a rotated key in the environment.
-        self.api_key = SecretStr(os.environ.get(self.api_key_env, ""))
-        return self
 
     @property
     def is_enabled(self) -> bool:
@@ -153,9 +191,13 @@ class TritonServerDNSConfig(ServerDNSConfig):
 class ClientConfig(ConnectionLimits):
     """The gateway's config file; unknown keys are refused so that typos surface at start-up.
 
-    The HTTP connection limits (``header_timeout_seconds`` ...) are its keys too."""
+    The HTTP connection limits (``header_timeout_seconds`` ...) are its keys too. Every key can
+    be overridden from the environment: ``LLM_SUITE_GATEWAY__KEY`` (nesting with ``__``, see
+    ``utils.env_overrides``).
+    """
 
     model_config = ConfigDict(extra="forbid")
+    env_prefix: ClassVar[str] = "LLM_SUITE_GATEWAY"
 
     continuous_batching_server_urls: list[str] = Field(default_factory=list)
     static_batching_server_urls: list[str] = Field(default_factory=list)
@@ -197,9 +239,10 @@ class ClientConfig(ConnectionLimits):
         gt=0,
         description="rest for an upstream key after a 429/5xx without Retry-After",
     )
-    api_keys: list[SecretStr] = Field(
+    api_keys: list[EnvSecret] = Field(
         default_factory=list,
-        description="when non-empty, callers must send 'Authorization: Bearer <one of these>'",
+        description="when non-empty, callers must send 'Authorization: Bearer <one of these>'; "
+        'each entry a key or {"env": "NAME"} (read from that environment variable)',
     )
     config_watch_interval_seconds: float = Field(
         default=2.0, ge=0, description="how often the config file is checked for changes (0: off)"
@@ -210,6 +253,12 @@ class ClientConfig(ConnectionLimits):
     connect_timeout_seconds: float = Field(default=5.0, gt=0)
     health_timeout_seconds: float = Field(default=3.0, gt=0)
     max_request_bytes: int = Field(default=1_000_000, gt=0)
+    deployment_file: str | None = Field(
+        default=None,
+        description="the deployment file whose app names the server lists may use instead of "
+        "URLs (default: $LLM_SUITE_DEPLOYMENT_FILE, set by the launcher, else deployment.json "
+        "beside this file)",
+    )
     shared_state_url: str | None = Field(
         default=None,
         description="redis://host:port/db shared by gateway replicas: circuit openings and "
@@ -227,24 +276,17 @@ class ClientConfig(ConnectionLimits):
     @classmethod
     def _check_urls(cls, value: list[str]) -> list[str]:
         for url in value:
-            check_base_url(url)
-        if len(set(value)) != len(value):
-            raise ValueError("a server URL is listed more than once")
+            if not is_app_name(url):
+                check_base_url(url)
         return value
 
     @model_validator(mode="after")
     def _check_lists(self) -> ClientConfig:
-        both = set(self.continuous_batching_server_urls) & set(self.static_batching_server_urls)
-        if both:
-            raise ValueError(
-                f"{sorted(both)} listed as both a continuous- and a static-batching server"
-            )
-        triton_urls = [server.url for server in self.triton_server_urls]
-        if len(set(triton_urls)) != len(triton_urls):
-            raise ValueError("a Triton server URL is listed more than once")
-        ours = set(self.continuous_batching_server_urls) | set(self.static_batching_server_urls)
-        if ours & set(triton_urls):
-            raise ValueError(f"{sorted(ours & set(triton_urls))} listed as a Triton server too")
+        check_server_lists(
+            self.continuous_batching_server_urls,
+            self.static_batching_server_urls,
+            [server.url for server in self.triton_server_urls],
+        )
         return self
 
     @property

@@ -14,8 +14,9 @@ import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from client.config.loading import load_client_config
 from client.config.schema import ClientConfig
-from utils.config import ConfigError, load_config
+from utils.config import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ class ConfigWatcher:
         """Read the file now; returns True when a changed, valid config was applied."""
         async with self._lock:
             try:
-                new = load_config(self.path, ClientConfig)
+                new = load_client_config(self.path)
             except ConfigError as exc:
                 logger.error("config reload ignored, the running config stays: %s", exc)
                 return False

@@ -1,7 +1,12 @@
-"""Prometheus metrics of a model server (one registry per app, so tests can build many)."""
+"""Prometheus metrics of a model server (one registry per app, so tests can build many).
+
+Our own ``llm_`` series, and vLLM's ``vllm:`` series beside them (``vllm_metrics``): the
+service reports each event once, through the ``ServerMetrics`` methods, which feed both.
+"""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 
 from prometheus_client import (
@@ -15,6 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from protocol.health import LoadReport
+from server.common.vllm_metrics import VllmMetrics
 
 # The *_created series only add noise to a scrape.
 disable_created_metrics()
@@ -48,6 +54,7 @@ class ServerMetrics:
         self,
         read_load: Callable[[], LoadReport],
         read_counters: Callable[[], dict[str, float]] = dict,
+        model_name: str = "model",
     ) -> None:
         self.registry = CollectorRegistry()
         self.requests = Counter(
@@ -81,6 +88,38 @@ class ServerMetrics:
             registry=self.registry,
         )
         self.registry.register(_LoadCollector(read_load, read_counters))
+        self.vllm = VllmMetrics(self.registry, model_name, read_load)
+
+    def prompt(self, num_tokens: int) -> None:
+        """A sequence's prompt entered the engine."""
+        self.prompt_tokens.inc(num_tokens)
+        self.vllm.prompt_tokens.inc(num_tokens)
+
+    def first_token(self, seconds: float) -> None:
+        """A sequence's first token came, ``seconds`` after its arrival."""
+        self.time_to_first_token.observe(seconds)
+        self.vllm.time_to_first_token.observe(seconds)
+
+    def token_gap(self, seconds: float, num_tokens: int) -> None:
+        """``num_tokens`` more tokens came ``seconds`` after the previous ones (vLLM's TPOT
+        observes each gap; ours is a mean per sequence, at its end)."""
+        for _ in range(num_tokens):
+            self.vllm.time_per_output_token.observe(seconds / num_tokens)
+
+    def sequence_done(
+        self, e2e_seconds: float, num_tokens: int, first_token_at: float | None, reasons: list[str]
+    ) -> None:
+        """A sequence ended: its latency, tokens and each choice's finished reason."""
+        self.generation_tokens.inc(num_tokens)
+        self.vllm.generation_tokens.inc(num_tokens)
+        self.e2e_latency.observe(e2e_seconds)
+        self.vllm.e2e_request_latency.observe(e2e_seconds)
+        if first_token_at is not None and num_tokens > 1:
+            self.time_per_output_token.observe(
+                (time.monotonic() - first_token_at) / (num_tokens - 1)
+            )
+        for reason in reasons:
+            self.vllm.finished(reason)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

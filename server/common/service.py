@@ -151,7 +151,7 @@ class GenerationService:
         try:
             async with asyncio.timeout(self.settings.request_timeout_seconds):
                 sequences = (
-                    self._iter_sequence(job.sequences[0], 0)
+                    self._iter_sequence(job.sequences[0], 0, job.num_choices_per_sequence)
                     if len(job.sequences) == 1
                     else self._merge(job)
                 )
@@ -175,32 +175,37 @@ class GenerationService:
             raise
 
     async def _iter_sequence(
-        self, seq: SequenceRequest, offset: int
+        self, seq: SequenceRequest, offset: int, num_choices: int
     ) -> AsyncIterator[list[TextDelta]]:
-        self.metrics.prompt_tokens.inc(seq.num_prompt_tokens)
+        self.metrics.prompt(seq.num_prompt_tokens)
         first_token_time: float | None = None
+        last_token_time = 0.0
         num_tokens = 0
+        reasons: list[str] = []
         stream = self.backend.stream(seq)
         try:
             async for deltas in stream:
                 for delta in deltas:
-                    if first_token_time is None and delta.num_new_tokens:
-                        first_token_time = time.monotonic()
-                        self.metrics.time_to_first_token.observe(
-                            first_token_time - seq.arrival_time
-                        )
+                    if delta.num_new_tokens:
+                        now = time.monotonic()
+                        if first_token_time is None:
+                            first_token_time = now
+                            self.metrics.first_token(now - seq.arrival_time)
+                        else:
+                            self.metrics.token_gap(now - last_token_time, delta.num_new_tokens)
+                        last_token_time = now
+                    if delta.finish_reason is not None:
+                        reasons.append(delta.finish_reason)
                     num_tokens += delta.num_new_tokens
                     delta.index += offset
                 yield deltas
         finally:
             await stream.aclose()  # type: ignore[attr-defined]
-            self.metrics.generation_tokens.inc(num_tokens)
-            now = time.monotonic()
-            self.metrics.e2e_latency.observe(now - seq.arrival_time)
-            if first_token_time is not None and num_tokens > 1:
-                self.metrics.time_per_output_token.observe(
-                    (now - first_token_time) / (num_tokens - 1)
-                )
+            # Choices that never finished (the caller left, a timeout, an error) were aborted.
+            reasons += ["abort"] * max(0, num_choices - len(reasons))
+            self.metrics.sequence_done(
+                time.monotonic() - seq.arrival_time, num_tokens, first_token_time, reasons
+            )
 
     async def _merge(self, job: Job) -> AsyncIterator[list[TextDelta]]:
         """Interleave the steps of several prompts as they come."""
@@ -208,7 +213,7 @@ class GenerationService:
 
         async def pump(seq: SequenceRequest, offset: int) -> None:
             try:
-                async for deltas in self._iter_sequence(seq, offset):
+                async for deltas in self._iter_sequence(seq, offset, n):
                     queue.put_nowait(deltas)
                 queue.put_nowait(None)
             except Exception as exc:  # handed to the consumer, which re-raises

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import ClassVar
 
 from pydantic import Field
 
@@ -16,7 +17,10 @@ from utils.config import ConfigError, load_config, resolve_path
 
 
 class CBServerConfig(EngineConfig):
-    """The whole ``cb_server_config.json``."""
+    """The whole ``cb_server_config.json``; ``LLM_SUITE_CB_SERVER__SECTION__KEY`` overrides a key
+    from the environment (``utils.env_overrides``)."""
+
+    env_prefix: ClassVar[str] = "LLM_SUITE_CB_SERVER"
 
     serving_config: ServingConfig = Field(default_factory=ServingConfig)
 

@@ -7,7 +7,7 @@ it, instead of being silently ignored.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
@@ -73,7 +73,10 @@ class SBWorkerConfig(_Section):
 
 
 class SBServerConfig(_Section):
-    """The whole ``sb_server_config.json``."""
+    """The whole ``sb_server_config.json``; ``LLM_SUITE_SB_SERVER__SECTION__KEY`` overrides a key
+    from the environment (``utils.env_overrides``)."""
+
+    env_prefix: ClassVar[str] = "LLM_SUITE_SB_SERVER"
 
     batcher_config: SBBatcherConfig
     worker_config: SBWorkerConfig

@@ -178,11 +178,11 @@ def test_jumper_keys_come_from_a_secret(overlay: tuple[str, list[Object]]) -> No
     _, objects = overlay
     config = json.loads(_config_files(objects)["client_config.json"])
     jumpers = config["openai_jumper_configs"]
-    assert jumpers and all("api_key" not in j and j["api_key_env"] for j in jumpers)
+    assert jumpers and all(set(j["api_key"]) == {"env"} for j in jumpers)
     gateway = _find(objects, "Deployment", "llm-gateway")
     env = {e["name"]: e for e in gateway["spec"]["template"]["spec"]["containers"][0]["env"]}
     for jumper in jumpers:
-        assert "secretKeyRef" in env[jumper["api_key_env"]]["valueFrom"]
+        assert "secretKeyRef" in env[jumper["api_key"]["env"]]["valueFrom"]
     assert not [o for o in objects if o["kind"] == "Secret"]  # the operator creates it
 
 

@@ -36,11 +36,14 @@ def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
     cb_config["model_loading_config"]["model_name_or_path"] = str(default_model_path)
     cb_config["cache_config"]["memory_budget_gb"] = 0.25
     (tmp_path / "cb.json").write_text(json.dumps(cb_config))
+    # The servers by app name: `up` tells the gateway its deployment file (which is not beside
+    # the gateway's config here), and the ports live in that file only.
     client_config = {
-        "continuous_batching_server_urls": [f"http://127.0.0.1:{cb_port}"],
-        "static_batching_server_urls": [f"http://127.0.0.1:{sb_port}"],
+        "continuous_batching_server_urls": ["cb_server"],
+        "static_batching_server_urls": ["sb_server"],
     }
-    (tmp_path / "client.json").write_text(json.dumps(client_config))
+    (tmp_path / "gateway").mkdir()
+    (tmp_path / "gateway" / "client.json").write_text(json.dumps(client_config))
     deployment = write_deployment(
         tmp_path / "deployment.json",
         [
@@ -59,7 +62,7 @@ def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
             {
                 "name": "client",
                 "app": "client",
-                "config": str(tmp_path / "client.json"),
+                "config": str(tmp_path / "gateway" / "client.json"),
                 "port": gateway_port,
             },
         ],

@@ -1,0 +1,1 @@
+"""The shipped JSON configs; a package only so that the wheel carries them as package data."""
