@@ -49,6 +49,12 @@ def overlay(request: pytest.FixtureRequest) -> tuple[str, list[Object]]:
     return request.param, render(DEPLOY / "overlays" / request.param)
 
 
+@pytest.fixture(autouse=True)
+def jumper_key_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The gateway's pod gets its jumper key from the Secret (the config names the variable)."""
+    monkeypatch.setenv("OPENAI_API_KEY_0", "sk-from-the-secret")
+
+
 def _find(objects: list[Object], kind: str, name: str) -> Object:
     return next(o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name)
 
