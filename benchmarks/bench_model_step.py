@@ -146,14 +146,14 @@ def main() -> None:
     for name in args.dtypes:
         dtype = DTYPES[name]
         model, _ = load_model(ModelLoadingConfig(model_name_or_path=args.model, torch_dtype=name))
+        model_ops = model.decoder_ops  # what the engine runs (the fused CPU kernels if built)
         hf = None
         if not args.no_hf:
             from transformers import AutoModelForCausalLM
 
             hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).eval()
         for batch in args.batches:
-            fused = model.decoder_ops
-            fns = {"ours": ours_step(model, batch, args.context, fused)}
+            fns = {"ours": ours_step(model, batch, args.context, model_ops)}
             if args.torch_ops:
                 fns["ours_torch_ops"] = ours_step(model, batch, args.context, TorchDecoderOps())
             if hf is not None:

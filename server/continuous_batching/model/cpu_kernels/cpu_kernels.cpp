@@ -81,18 +81,43 @@ inline __m512 load16(const c10::BFloat16* p) {
 // The two passes of one (sequence, kv head) item with the head kept in registers: head_dim is
 // HD (a multiple of 16). Scores are rep x len, row-major; the values pass weighs V rows by
 // them into out [rep, HD]. Four query heads at a time keep q (or the sums) in registers.
+// Rows this many positions ahead are prefetched: blocks are scattered, so the hardware
+// prefetchers lose the stream at every block edge and the passes would wait on memory.
+constexpr int64_t kPrefetchAhead = 8;
+
+template <typename T>
+inline const char* cache_row(const T* base, int64_t row_stride, const int32_t* table,
+                             int64_t block_size, int64_t p) {
+  const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+  return reinterpret_cast<const char*>(base + slot * row_stride);
+}
+
+template <int BYTES>
+inline void prefetch_row(const char* row, int hint) {
+  for (int offset = 0; offset < BYTES; offset += 64) {
+    if (hint == 0) _mm_prefetch(row + offset, _MM_HINT_T0);
+    else _mm_prefetch(row + offset, _MM_HINT_T1);
+  }
+}
+
 template <typename T, int HD>
 void decode_scores_avx512(const float* qf, int64_t rep, const T* kp, int64_t k_row,
-                          const int32_t* table, int64_t block_size, int64_t len, float* scores) {
+                          const T* vp, int64_t v_row, const int32_t* table, int64_t block_size,
+                          int64_t len, float* scores) {
   constexpr int V = HD / 16;
+  constexpr int kRowBytes = HD * sizeof(T);
   for (int64_t r0 = 0; r0 < rep; r0 += 4) {
     const int64_t nr = std::min<int64_t>(4, rep - r0);
     __m512 q[4][V];
     for (int64_t r = 0; r < nr; ++r)
       for (int j = 0; j < V; ++j) q[r][j] = _mm512_loadu_ps(qf + (r0 + r) * HD + 16 * j);
     for (int64_t p = 0; p < len; ++p) {
-      const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-      const T* row = kp + slot * k_row;
+      if (r0 == 0 && p + kPrefetchAhead < len) {
+        // K now, V for the values pass (to L2) while the K stream is running anyway.
+        prefetch_row<kRowBytes>(cache_row(kp, k_row, table, block_size, p + kPrefetchAhead), 0);
+        prefetch_row<kRowBytes>(cache_row(vp, v_row, table, block_size, p + kPrefetchAhead), 1);
+      }
+      const T* row = reinterpret_cast<const T*>(cache_row(kp, k_row, table, block_size, p));
       __m512 k[V];
       for (int j = 0; j < V; ++j) k[j] = load16(row + 16 * j);
       for (int64_t r = 0; r < nr; ++r) {
@@ -114,8 +139,9 @@ void decode_values_avx512(const float* scores, int64_t rep, const T* vp, int64_t
     for (int64_t r = 0; r < nr; ++r)
       for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
     for (int64_t p = 0; p < len; ++p) {
-      const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-      const T* row = vp + slot * v_row;
+      if (r0 == 0 && p + kPrefetchAhead < len)
+        prefetch_row<HD * sizeof(T)>(cache_row(vp, v_row, table, block_size, p + kPrefetchAhead), 0);
+      const T* row = reinterpret_cast<const T*>(cache_row(vp, v_row, table, block_size, p));
       __m512 v[V];
       for (int j = 0; j < V; ++j) v[j] = load16(row + 16 * j);
       for (int64_t r = 0; r < nr; ++r) {
@@ -153,12 +179,13 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const float fscale = static_cast<float>(scale);
   // The AVX-512 passes for the usual head sizes; false: run the portable loops.
   auto score_pass = [head_dim](const float* qf, int64_t rep, const T* k, int64_t k_row,
-                               const int32_t* table, int64_t bs, int64_t len, float* scores) {
+                               const T* v, int64_t v_row, const int32_t* table, int64_t bs,
+                               int64_t len, float* scores) {
 #if defined(__AVX512F__)
     if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
       switch (head_dim) {
-        case 64: decode_scores_avx512<T, 64>(qf, rep, k, k_row, table, bs, len, scores); return true;
-        case 128: decode_scores_avx512<T, 128>(qf, rep, k, k_row, table, bs, len, scores); return true;
+        case 64: decode_scores_avx512<T, 64>(qf, rep, k, k_row, v, v_row, table, bs, len, scores); return true;
+        case 128: decode_scores_avx512<T, 128>(qf, rep, k, k_row, v, v_row, table, bs, len, scores); return true;
         default: break;
       }
     }
@@ -192,7 +219,8 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       scores.resize(rep * len);
       const T* k_head = kp + g * kc_s1;
       const T* v_head = vp + g * vc_s1;
-      if (!score_pass(qf.data(), rep, k_head, kc_s0, table, block_size, len, scores.data())) {
+      if (!score_pass(qf.data(), rep, k_head, kc_s0, v_head, vc_s0, table, block_size, len,
+                      scores.data())) {
         for (int64_t p = 0; p < len; ++p) {
           const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
           load_row(k_head + slot * kc_s0, row.data(), head_dim);
