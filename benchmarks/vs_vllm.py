@@ -247,7 +247,8 @@ def print_offline(result: dict[str, Any]) -> None:
         theirs = ", ".join(f"{x:.0f}" for x in w["vllm_tokens_per_s"])
         medians = cell(w["ours_median"], 9, ".1f") + cell(w["vllm_median"], 9, ".1f")
         print(f"{name:<10}{w['num_requests']:>9}{w['num_output_tokens']:>8}  {ours:<22}"
-              f"{theirs:<22}{medians}{cell(w['ratio_of_medians'], 6, '.2f')}x  "
+              f"{theirs:<22}{medians}{cell(w['ratio_of_medians'], 6, '.2f')}"
+              f"{'x' if w['ratio_of_medians'] is not None else ' '}  "
               f"{w['ratio_per_repeat']}")  # fmt: skip
 
 
