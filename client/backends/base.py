@@ -20,13 +20,16 @@ from protocol.openai_api import ModelList
 
 logger = logging.getLogger(__name__)
 
-BackendKind = Literal["continuous_batching", "static_batching", "triton", "openai"]
+BackendKind = Literal[
+    "continuous_batching", "static_batching", "triton", "openai_compatible", "openai"
+]
 
 #: Lower is preferred: a request goes to an SB server only when no CB server serving its model
 #: can take it, and to an OpenAI jumper only when no local server can.
 KIND_PRIORITY: dict[BackendKind, int] = {
     "continuous_batching": 0,
     "triton": 0,  # Triton + TensorRT-LLM batches continuously too: it shares the first tier
+    "openai_compatible": 0,  # vLLM, llama.cpp, SGLang, TGI: servers like ours, not a fallback
     "static_batching": 1,
     "openai": 2,
 }

@@ -52,7 +52,9 @@ def load_client_config(path: str | Path, deployment_file: str | Path | None = No
                 )
             resolved[key].append(urls[entry] if is_app_name(entry) else entry)
     try:
-        check_server_lists(*resolved.values(), [s.url for s in config.triton_server_urls])
+        foreign = [s.url for s in config.triton_server_urls]
+        foreign += [s.url for s in config.openai_compatible_server_urls]
+        check_server_lists(*resolved.values(), foreign)
     except ValueError as exc:
         raise ConfigError(f"{path}: with app names resolved from {deployment}: {exc}") from None
     # model_copy keeps the secrets as they are (a dump and re-validation would mask them).
