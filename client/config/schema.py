@@ -151,6 +151,10 @@ class ClientConfig(ConnectionLimits):
 
     continuous_batching_server_urls: list[str] = Field(default_factory=list)
     static_batching_server_urls: list[str] = Field(default_factory=list)
+    embedding_server_urls: list[str] = Field(
+        default_factory=list,
+        description="embedding servers (embedding_server_app), URLs or deployment app names",
+    )
     triton_server_urls: list[TritonServerConfig] = Field(default_factory=list)
     openai_compatible_server_urls: list[OpenAICompatibleServerConfig] = Field(
         default_factory=list,
@@ -227,7 +231,9 @@ class ClientConfig(ConnectionLimits):
             raise ValueError(f"{value!r} must start with redis://, rediss:// or unix://")
         return value
 
-    @field_validator("continuous_batching_server_urls", "static_batching_server_urls")
+    @field_validator(
+        "continuous_batching_server_urls", "static_batching_server_urls", "embedding_server_urls"
+    )
     @classmethod
     def _check_urls(cls, value: list[str]) -> list[str]:
         for url in value:
@@ -241,7 +247,8 @@ class ClientConfig(ConnectionLimits):
             self.continuous_batching_server_urls,
             self.static_batching_server_urls,
             [server.url for server in self.triton_server_urls]
-            + [server.url for server in self.openai_compatible_server_urls],
+            + [server.url for server in self.openai_compatible_server_urls]
+            + self.embedding_server_urls,
         )
         return self
 
