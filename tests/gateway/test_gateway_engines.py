@@ -15,12 +15,12 @@ from tests.support.servers import ServerThread, start_gateway, stop_all
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 KEY = "engine-key-123"
+#: The gateway, the facade's settings (what it saw) and the model id.
+Engine = tuple[ServerThread, FacadeSettings, str]
 
 
 @pytest.fixture(scope="module")
-def engine(
-    tmp_path_factory: pytest.TempPathFactory, sb_server: ServerThread
-) -> Iterator[tuple[ServerThread, FacadeSettings, str]]:
+def engine(tmp_path_factory: pytest.TempPathFactory, sb_server: ServerThread) -> Iterator[Engine]:
     """A gateway whose only server is the facade over the SB server (key from the env)."""
     settings = FacadeSettings(backend_url=sb_server.url, required_key=KEY)
     facade = start_facade(settings)
@@ -37,7 +37,7 @@ def engine(
     stop_all(gateway, facade)
 
 
-def test_engine_is_heartbeaten_through_v1_models_and_its_models_learnt(engine) -> None:
+def test_engine_is_heartbeaten_through_v1_models_and_its_models_learnt(engine: Engine) -> None:
     gateway, settings, model = engine
     row = gateway.http.get("/backends").json()["backends"][0]
     assert row["kind"] == "openai_compatible" and row["is_healthy"], row
@@ -47,7 +47,7 @@ def test_engine_is_heartbeaten_through_v1_models_and_its_models_learnt(engine) -
     assert gateway.http.get("/v1/models").json()["data"][0]["id"] == model
 
 
-def test_openai_sdk_chat_through_the_engine(engine) -> None:
+def test_openai_sdk_chat_through_the_engine(engine: Engine) -> None:
     gateway, settings, model = engine
     client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="unused", max_retries=0)
     chat = client.chat.completions.create(
@@ -64,7 +64,7 @@ def test_openai_sdk_chat_through_the_engine(engine) -> None:
     assert settings.paths.count("/v1/chat/completions") == 2
 
 
-def test_native_and_triton_requests_are_translated(engine) -> None:
+def test_native_and_triton_requests_are_translated(engine: Engine) -> None:
     gateway, settings, model = engine
     native = {"model": model, "messages": QUESTION, "generation_config": {"max_new_tokens": 16}}
     answer = gateway.http.post("/generate", json=native, timeout=120)
@@ -81,7 +81,7 @@ def test_native_and_triton_requests_are_translated(engine) -> None:
     assert "/generate" not in settings.paths and "/v1/completions" in settings.paths
 
 
-def test_what_the_openai_api_cannot_say_gets_503_naming_the_fields(engine) -> None:
+def test_what_the_openai_api_cannot_say_gets_503_naming_the_fields(engine: Engine) -> None:
     gateway, _, model = engine
     native = {"model": model, "prompt": "Hi", "generation_config": {"num_beams": 2, "top_k": 5}}
     answer = gateway.http.post("/generate", json=native)
