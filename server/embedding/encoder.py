@@ -107,6 +107,10 @@ class Encoder:
         """The ids of ``text`` without special tokens (they are added by :meth:`with_specials`)."""
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def batch_token_ids(self, texts: list[str]) -> list[list[int]]:
+        """:meth:`token_ids` of many texts in one call (the fast tokenizer works in parallel)."""
+        return self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+
     def with_specials(self, ids: list[int]) -> list[int]:
         """``ids`` framed by the model's special tokens (``[CLS] ... [SEP]`` for BERT)."""
         return [*self._prefix, *ids, *self._suffix]

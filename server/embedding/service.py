@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -37,6 +38,7 @@ class EmbeddingService:
         self.limits = limits
         self.model_id = model_id
         self.metrics = metrics
+        self._tokenizing = ThreadPoolExecutor(1, thread_name_prefix="embedding-tokenizer")
         configured = limits.max_tokens_per_input
         #: Most tokens (special tokens included) one input may have.
         self.max_tokens = min(configured or encoder.max_tokens, encoder.max_tokens)
@@ -50,9 +52,11 @@ class EmbeddingService:
     async def embed(self, request: EmbeddingRequest) -> EmbeddingResponse:
         """The answer for ``request``; raises :class:`APIError` for what cannot be embedded."""
         self._check(request)
-        inputs = [
-            self._token_ids(index, item, request) for index, item in enumerate(request.inputs)
-        ]
+        # Tokenising up to 2048 texts takes a while: off the event loop, which keeps
+        # answering health checks and other requests meanwhile. One thread: a Rust tokenizer
+        # shared by concurrent calls can fail ("Already borrowed").
+        loop = asyncio.get_running_loop()
+        inputs = await loop.run_in_executor(self._tokenizing, self._all_token_ids, request)
         futures = self.batcher.submit(inputs)
         try:
             vectors = await asyncio.wait_for(
@@ -98,20 +102,26 @@ class EmbeddingService:
                 400, f"input: {num_inputs} inputs, at most {limit} per request", param="input"
             )
 
-    def _token_ids(self, index: int, item: str | list[int], request: EmbeddingRequest) -> list[int]:
+    def _all_token_ids(self, request: EmbeddingRequest) -> list[list[int]]:
+        """Every input as ids with special tokens (texts tokenised in one batch call)."""
+        items = request.inputs
+        texts = [item for item in items if isinstance(item, str)]
+        encoded = iter(self.encoder.batch_token_ids(texts) if texts else [])
+        return [
+            self._token_ids(index, next(encoded) if isinstance(item, str) else item, request)
+            for index, item in enumerate(items)
+        ]
+
+    def _token_ids(self, index: int, ids: list[int], request: EmbeddingRequest) -> list[int]:
         """Input ``index`` as ids with special tokens: checked, and cut only when asked."""
-        if isinstance(item, str):
-            ids = self.encoder.token_ids(item)
-        else:
-            ids = item
-            bad = [t for t in ids if not 0 <= t < self.encoder.vocab_size]
-            if bad:
-                raise APIError(
-                    400,
-                    f"input[{index}]: token id {bad[0]} is outside the vocabulary "
-                    f"(0..{self.encoder.vocab_size - 1})",
-                    param=f"input[{index}]",
-                )
+        bad = [t for t in ids if not 0 <= t < self.encoder.vocab_size]
+        if bad:
+            raise APIError(
+                400,
+                f"input[{index}]: token id {bad[0]} is outside the vocabulary "
+                f"(0..{self.encoder.vocab_size - 1})",
+                param=f"input[{index}]",
+            )
         room = self.max_tokens - self.encoder.num_special_tokens
         truncate = request.truncate_prompt_tokens
         if truncate is not None:
