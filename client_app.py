@@ -37,6 +37,7 @@ from client.config.loading import load_client_config
 from client.gateway import BackendTable, Gateway, GatewayHealth
 from client.intake.forward import forward, gateway_of, require_caller_key
 from client.intake.triton_api import triton_routes
+from protocol.embeddings import EmbeddingRequest
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
 from protocol.triton import TritonGenerateRequest
@@ -83,6 +84,16 @@ async def completions(request: Request) -> Response:
 async def chat_completions(request: Request) -> Response:
     """Route an OpenAI chat completion request by its ``model``."""
     return await forward(request, "/v1/chat/completions", ChatCompletionRequest)
+
+
+@routes.post(
+    "/v1/embeddings",
+    summary="OpenAI-compatible embeddings",
+    openapi_extra=json_body(EmbeddingRequest),
+)
+async def embeddings(request: Request) -> Response:
+    """Route an OpenAI embeddings request by its ``model`` (embedding servers, engines, jumpers)."""
+    return await forward(request, "/v1/embeddings", EmbeddingRequest)
 
 
 @routes.get("/v1/models", response_model=ModelList)
@@ -155,7 +166,13 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     app.include_router(routes)
     app.include_router(triton_routes)
     app.include_router(open_routes)
-    documented = [GenerateRequest, CompletionRequest, ChatCompletionRequest, TritonGenerateRequest]
+    documented = [
+        GenerateRequest,
+        CompletionRequest,
+        ChatCompletionRequest,
+        EmbeddingRequest,
+        TritonGenerateRequest,
+    ]
     document_models(app, documented)
     return app
 

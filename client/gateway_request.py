@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Literal
 
+from protocol.embeddings import EmbeddingRequest
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from utils.request_id import new_request_id
@@ -17,7 +18,7 @@ from utils.request_id import new_request_id
 Route = Literal["auto", "local", "openai"]
 
 #: The request bodies the gateway routes.
-ParsedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest
+ParsedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest | EmbeddingRequest
 
 
 @dataclass(eq=False)

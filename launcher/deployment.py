@@ -30,7 +30,7 @@ REPO_ROOT: Path = Path(__file__).resolve().parents[1]
 DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"
 DEFAULT_HEALTH_TIMEOUT: float = 180.0
 
-AppKindName = Literal["client", "cb_server", "sb_server", "chat_ui"]
+AppKindName = Literal["client", "cb_server", "sb_server", "embedding_server", "chat_ui"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,9 @@ APP_KINDS: dict[str, AppKind] = {
     ),
     "sb_server": AppKind(
         "static_batching_server_app", "configs/sb_server_config.json", 8002, "server"
+    ),
+    "embedding_server": AppKind(
+        "embedding_server_app", "configs/embedding_server_config.json", 8003, "server"
     ),
     "chat_ui": AppKind(
         "chat_ui_app", None, 8501, "ui", launcher="streamlit", health_path="/_stcore/health"

@@ -39,6 +39,7 @@ def unmatched_gateway_urls(
         except ConfigError:
             continue
         urls = [*config.continuous_batching_server_urls, *config.static_batching_server_urls]
+        urls += config.embedding_server_urls
         urls += [entry.url for entry in config.triton_server_urls]
         for url in urls:
             if url.rstrip("/") in app_urls or probe_health(url.rstrip("/"), 1.0)[0] is not None:

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
-ServerKind = Literal["static_batching", "continuous_batching", "gateway"]
+ServerKind = Literal["static_batching", "continuous_batching", "embedding", "gateway"]
 
 
 class LoadReport(BaseModel):

@@ -20,13 +20,17 @@ from protocol.openai_api import ModelList
 
 logger = logging.getLogger(__name__)
 
-BackendKind = Literal["continuous_batching", "static_batching", "triton", "openai"]
+BackendKind = Literal[
+    "continuous_batching", "static_batching", "triton", "openai_compatible", "embedding", "openai"
+]
 
 #: Lower is preferred: a request goes to an SB server only when no CB server serving its model
 #: can take it, and to an OpenAI jumper only when no local server can.
 KIND_PRIORITY: dict[BackendKind, int] = {
     "continuous_batching": 0,
     "triton": 0,  # Triton + TensorRT-LLM batches continuously too: it shares the first tier
+    "openai_compatible": 0,  # vLLM, llama.cpp, SGLang, TGI: servers like ours, not a fallback
+    "embedding": 0,  # the only kind of ours that embeds: no tier competes with it
     "static_batching": 1,
     "openai": 2,
 }
@@ -51,6 +55,8 @@ class Plan:
 
 #: Our own servers take every request as the caller sent it.
 AS_SENT = Plan()
+#: The embeddings endpoint, which our generation servers do not answer.
+EMBEDDINGS_PATH = "/v1/embeddings"
 
 
 class BackendStatus(BaseModel):
@@ -128,7 +134,10 @@ class Backend:
 
     def plan(self, request: GatewayRequest) -> Plan:
         """Whether this backend can take ``request``, and in which form (backend kinds that
-        speak another API override this; our servers take everything as sent)."""
+        speak another API override this; our generation servers take everything as sent but
+        embeddings)."""
+        if request.endpoint == EMBEDDINGS_PATH:
+            return Plan(refusal=f"{self.kind.replace('_', '-')} servers do not embed")
         return AS_SENT
 
     def plan_for(self, request: GatewayRequest) -> Plan:

@@ -23,7 +23,7 @@ from client.gateway_request import GatewayRequest
 
 #: The OpenAI API paths a jumper forwards (our ``/v1/...`` path minus the ``/v1`` that the
 #: jumper's base URL already ends with).
-JUMPER_PATHS = ("/v1/chat/completions", "/v1/completions")
+JUMPER_PATHS = ("/v1/chat/completions", "/v1/completions", "/v1/embeddings")
 #: Paths a jumper answers through translation (``client.backends.native_to_openai``).
 TRANSLATED_PATHS = ("/generate",)
 

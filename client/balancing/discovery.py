@@ -94,6 +94,8 @@ class DNSDiscovery:
         taken = set(config.continuous_batching_server_urls)
         taken |= set(config.static_batching_server_urls)
         taken |= {server.url for server in config.triton_server_urls}
+        taken |= {server.url for server in config.openai_compatible_server_urls}
+        taken |= set(config.embedding_server_urls)
 
         def urls(entry: ServerDNSConfig | None) -> list[str]:
             if entry is None:

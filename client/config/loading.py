@@ -15,7 +15,7 @@ from client.config.schema import ClientConfig, check_server_lists, is_app_name
 from utils.config import ConfigError, load_config, resolve_path
 from utils.deployment_apps import DEPLOYMENT_FILE_ENV, app_urls
 
-_LISTS = ("continuous_batching_server_urls", "static_batching_server_urls")
+_LISTS = ("continuous_batching_server_urls", "static_batching_server_urls", "embedding_server_urls")
 
 
 def deployment_file_for(config: ClientConfig, config_path: str | Path) -> Path:
@@ -52,7 +52,14 @@ def load_client_config(path: str | Path, deployment_file: str | Path | None = No
                 )
             resolved[key].append(urls[entry] if is_app_name(entry) else entry)
     try:
-        check_server_lists(*resolved.values(), [s.url for s in config.triton_server_urls])
+        others = [s.url for s in config.triton_server_urls]
+        others += [s.url for s in config.openai_compatible_server_urls]
+        others += resolved["embedding_server_urls"]
+        check_server_lists(
+            resolved["continuous_batching_server_urls"],
+            resolved["static_batching_server_urls"],
+            others,
+        )
     except ValueError as exc:
         raise ConfigError(f"{path}: with app names resolved from {deployment}: {exc}") from None
     # model_copy keeps the secrets as they are (a dump and re-validation would mask them).

@@ -7,72 +7,26 @@ the rest are what an operator needs to tune (balancing policy, timeouts, body si
 
 from __future__ import annotations
 
-import os
 import re
-from typing import Annotated, Any, ClassVar, Literal
+from typing import ClassVar, Literal
 from urllib.parse import urlsplit
 
-from pydantic import (
-    BaseModel,
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    SecretStr,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
+from client.config.engines import OpenAICompatibleServerConfig
+from client.config.schema_common import (  # noqa: F401 (re-exported: imported from here)
+    EnvSecret,
+    check_base_url,
+    is_placeholder_key,
+    secret_from_env,
+)
 from utils.connection_limits import ConnectionLimits
 
 #: Balancing policies the config may name (one class each in ``client.balancing.policies``).
 PolicyName = Literal["least_outstanding", "round_robin", "power_of_two", "affinity"]
 
-# Template values such as the seed's "YOUR_OPENAI_KEY" must never be sent as a key.
-_PLACEHOLDER_KEY = re.compile(
-    r"^(|your[_\- ].*|<.*>|\$\{.*\}|change[_\-]?me|x{3,}|\.{3}|sk-\.{3}|none|null)$",
-    re.IGNORECASE,
-)
-
-
 # The launcher's rule for app names (launcher.deployment.NAME_PATTERN).
 _APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def secret_from_env(value: Any) -> Any:
-    """``{"env": "NAME"}`` -> the value of ``$NAME``, so that keys need not live in the file.
-
-    A variable that is not set is an error naming it (never its value: there is none).
-    """
-    if isinstance(value, dict) and set(value) == {"env"}:
-        name = value["env"]
-        if not isinstance(name, str) or not name:
-            raise ValueError('{"env": NAME} needs the name of an environment variable')
-        if name not in os.environ:
-            raise ValueError(f"environment variable {name} is not set")
-        return os.environ[name]
-    return value
-
-
-#: A secret given in the file or, as ``{"env": "NAME"}``, by an environment variable.
-EnvSecret = Annotated[SecretStr, BeforeValidator(secret_from_env)]
-
-
-def check_base_url(url: str) -> str:
-    """Validate a server address: http(s), a host, no trailing slash, no query or fragment."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https"):
-        raise ValueError(f"{url!r} must start with http:// or https://")
-    if not parts.hostname:
-        raise ValueError(f"{url!r} has no host")
-    if url.endswith("/"):
-        raise ValueError(f"{url!r} must not end with '/' (write {url.rstrip('/')!r})")
-    if parts.query or parts.fragment:
-        raise ValueError(f"{url!r} must not have a query string or fragment")
-    try:
-        _ = parts.port  # raises on a non-numeric or out-of-range port
-    except ValueError as exc:
-        raise ValueError(f"{url!r} has an invalid port: {exc}") from None
-    return url
 
 
 def is_app_name(entry: str) -> bool:
@@ -91,16 +45,12 @@ def check_server_lists(cb: list[str], sb: list[str], triton: list[str]) -> None:
             f"{sorted(both)} listed as both a continuous- and a static-batching server"
         )
     if len(set(triton)) != len(triton):
-        raise ValueError("a Triton server URL is listed more than once")
+        raise ValueError("a Triton or OpenAI-compatible server URL is listed more than once")
     if (set(cb) | set(sb)) & set(triton):
         raise ValueError(
-            f"{sorted((set(cb) | set(sb)) & set(triton))} listed as a Triton server too"
+            f"{sorted((set(cb) | set(sb)) & set(triton))} listed as a Triton or "
+            "OpenAI-compatible server too"
         )
-
-
-def is_placeholder_key(key: str) -> bool:
-    """True for empty keys and template values like ``YOUR_OPENAI_KEY`` (treated as disabled)."""
-    return bool(_PLACEHOLDER_KEY.match(key.strip()))
 
 
 class OpenAIJumperConfig(BaseModel):
@@ -201,7 +151,16 @@ class ClientConfig(ConnectionLimits):
 
     continuous_batching_server_urls: list[str] = Field(default_factory=list)
     static_batching_server_urls: list[str] = Field(default_factory=list)
+    embedding_server_urls: list[str] = Field(
+        default_factory=list,
+        description="embedding servers (embedding_server_app), URLs or deployment app names",
+    )
     triton_server_urls: list[TritonServerConfig] = Field(default_factory=list)
+    openai_compatible_server_urls: list[OpenAICompatibleServerConfig] = Field(
+        default_factory=list,
+        description="OpenAI-compatible engines (vLLM, llama.cpp, SGLang, TGI, another gateway) "
+        "balanced in the first tier with our CB servers",
+    )
     triton_model_aliases: dict[str, str] = Field(
         default_factory=lambda: {"ensemble": ""},
         description="Triton API on the gateway: model names clients use -> gateway model id "
@@ -272,7 +231,9 @@ class ClientConfig(ConnectionLimits):
             raise ValueError(f"{value!r} must start with redis://, rediss:// or unix://")
         return value
 
-    @field_validator("continuous_batching_server_urls", "static_batching_server_urls")
+    @field_validator(
+        "continuous_batching_server_urls", "static_batching_server_urls", "embedding_server_urls"
+    )
     @classmethod
     def _check_urls(cls, value: list[str]) -> list[str]:
         for url in value:
@@ -285,7 +246,9 @@ class ClientConfig(ConnectionLimits):
         check_server_lists(
             self.continuous_batching_server_urls,
             self.static_batching_server_urls,
-            [server.url for server in self.triton_server_urls],
+            [server.url for server in self.triton_server_urls]
+            + [server.url for server in self.openai_compatible_server_urls]
+            + self.embedding_server_urls,
         )
         return self
 

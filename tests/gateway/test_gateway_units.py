@@ -87,7 +87,7 @@ def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
                 "static_batching_server_urls": ["http://t:1"],
                 "triton_server_urls": [{"url": "http://t:1", "models": {"m": "ensemble"}}],
             },
-            "Triton server too",
+            "Triton or OpenAI-compatible server too",
         ),
         (
             {
