@@ -207,3 +207,15 @@ def test_switched_off_by_environment_or_config(monkeypatch) -> None:
         assert decoder_ops_for(CPU, use_cpu_kernels=True).attention_backend == "torch"
     finally:
         cpu_kernels.load.cache_clear()
+
+
+def test_a_build_killed_midway_does_not_block_later_loads(kernels) -> None:
+    # cpp_extension's lock file, left behind by a process killed while building, made every
+    # later load wait forever; the flock around the build proves it stale and removes it.
+    (cpu_kernels.build_directory() / "lock").touch()
+    cpu_kernels.load.cache_clear()
+    try:
+        assert cpu_kernels.load() is not None
+        assert not (cpu_kernels.build_directory() / "lock").exists()
+    finally:
+        cpu_kernels.load.cache_clear()

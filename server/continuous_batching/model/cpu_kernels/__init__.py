@@ -21,11 +21,15 @@ compiler, say), ``load()`` logs why and returns None, and the engine runs the to
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import platform
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 from types import ModuleType
@@ -38,6 +42,8 @@ SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 #: Set to "0" to never build or load the extension (the torch ops run instead).
 ENV_SWITCH = "LLM_SUITE_CPU_KERNELS"
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
+#: Longest wait for another process's build of the same folder (a build takes about a minute).
+BUILD_TIMEOUT_SECONDS = 600
 
 
 def _cpu_signature() -> str:
@@ -66,6 +72,36 @@ def _build(verbose: bool) -> ModuleType:
 
     folder = build_directory()
     folder.mkdir(parents=True, exist_ok=True)
+    with _build_lock(folder):
+        return _load_locked(cpp_extension, folder, verbose)
+
+
+@contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """One builder per folder across processes, released by the kernel if its holder dies.
+
+    cpp_extension's own lock is a plain file that a process killed mid-build leaves behind,
+    after which every later load would wait for it forever. Holding this flock proves nobody
+    else is building, so a leftover file of cpp_extension's is stale and removed."""
+    with open(folder / "build.flock", "w") as handle:
+        deadline = time.monotonic() + BUILD_TIMEOUT_SECONDS
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    message = f"another process has been building {folder} too long"
+                    raise TimeoutError(message) from None
+                time.sleep(0.5)  # a build takes about a minute: no finer wait is worth it
+        try:
+            (folder / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _load_locked(cpp_extension: ModuleType, folder: Path, verbose: bool) -> ModuleType:
     # ninja may come from the venv's bin folder, which is not on PATH unless activated.
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
