@@ -43,7 +43,9 @@ inline void load_row(const T* __restrict src, float* __restrict dst, int64_t n) 
 // exponent bits. Branch-free so that loops over it vectorise (libm's expf does not).
 inline float exp_nonpositive(float x) {
   x = std::max(x, -87.0f);  // below this expf underflows to denormals; treat as ~0
-  const float n = std::nearbyint(x * 1.44269504088896341f);
+  // Round to nearest by the 1.5 * 2^23 trick: plain arithmetic, which vectorises where
+  // nearbyint (a libm call without -ffast-math) does not.
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
   const float r = x - n * 0.693145751953125f - n * 1.428606765330187e-06f;
   float p = 1.0f / 5040.0f;
   p = p * r + 1.0f / 720.0f;
@@ -57,6 +59,33 @@ inline float exp_nonpositive(float x) {
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;
+}
+
+// max(x[0..n)) with independent lanes (a plain running max does not vectorise).
+inline float row_max(const float* __restrict x, int64_t n) {
+  float lanes[kLanes];
+  for (int l = 0; l < kLanes; ++l) lanes[l] = -INFINITY;
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] = lanes[l] > x[i + l] ? lanes[l] : x[i + l];
+  float m = -INFINITY;
+  for (; i < n; ++i) m = std::max(m, x[i]);
+  for (int l = 0; l < kLanes; ++l) m = std::max(m, lanes[l]);
+  return m;
+}
+
+// x[i] = exp(x[i] - shift) in place (x[i] <= shift); returns their sum. Two loops, so that the
+// exponentials vectorise and the sum keeps independent lanes.
+inline float exp_shifted_sum(float* __restrict x, int64_t n, float shift) {
+  for (int64_t i = 0; i < n; ++i) x[i] = exp_nonpositive(x[i] - shift);
+  float lanes[kLanes] = {0.0f};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int l = 0; l < kLanes; ++l) lanes[l] += x[i + l];
+  float sum = 0.0f;
+  for (; i < n; ++i) sum += x[i];
+  for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+  return sum;
 }
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
@@ -231,14 +260,7 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       std::vector<float> inv_sum(rep);
       for (int64_t r = 0; r < rep; ++r) {
         float* sr = scores.data() + r * len;
-        float mx = -INFINITY;
-        for (int64_t p = 0; p < len; ++p) mx = std::max(mx, sr[p]);
-        float sum = 0.0f;
-        for (int64_t p = 0; p < len; ++p) {
-          sr[p] = exp_nonpositive(sr[p] - mx);
-          sum += sr[p];
-        }
-        inv_sum[r] = 1.0f / sum;
+        inv_sum[r] = 1.0f / exp_shifted_sum(sr, len, row_max(sr, len));
       }
       if (!value_pass(scores.data(), rep, v_head, vc_s0, table, block_size, len, acc.data())) {
         std::fill(acc.begin(), acc.end(), 0.0f);
