@@ -263,11 +263,15 @@ def our_deployment(args: argparse.Namespace, work: Path) -> Iterator[str]:
         if not port_is_free(port):
             raise RuntimeError(f"port {port} is in use; pick others (--gateway-port/--cb-port)")
     gateway = json.loads((REPO_ROOT / "configs" / "client_config.json").read_text())
+    # Nothing but our CB server behind the gateway: no other server list or DNS name, no
+    # upstream "jumper" to fall back to (a request it served would not be ours).
+    for key in list(gateway):
+        if key.endswith("_server_urls"):
+            gateway[key] = []
+        elif key.endswith("_server_dns"):
+            gateway[key] = None
     gateway |= {"continuous_batching_server_urls": [f"http://127.0.0.1:{args.cb_port}"]}
-    # Nothing but our CB server behind the gateway: no SB server, no upstream "jumper" to
-    # fall back to (a request it served would not be ours).
-    gateway |= {"static_batching_server_urls": [], "openai_jumper_configs": []}
-    gateway |= {"triton_server_urls": []}
+    gateway |= {"openai_jumper_configs": []}
     (work / "gateway.json").write_text(json.dumps(gateway, indent=1))
     cb = {"name": "cb_server", "app": "cb_server", "config": str(args.cb_config)}
     gw = {"name": "client", "app": "client", "config": str(work / "gateway.json")}
