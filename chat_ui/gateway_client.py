@@ -28,6 +28,8 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from utils.deployment_apps import DEPLOYMENT_FILE_ENV, app_urls
+
 DEFAULT_GATEWAY_URL: str = "http://127.0.0.1:8000"
 GATEWAY_URL_ENV: str = "LLM_SUITE_GATEWAY_URL"
 
@@ -385,11 +387,20 @@ class _Call:
 
 def gateway_url_from(argv: Sequence[str], environ: Mapping[str, str]) -> str:
     """The gateway URL: ``--gateway-url`` in ``argv``, else ``$LLM_SUITE_GATEWAY_URL``, else
-    :data:`DEFAULT_GATEWAY_URL`.
+    :data:`DEFAULT_GATEWAY_URL`. Either may name the gateway's app in the deployment file the
+    launcher started us from (``$LLM_SUITE_DEPLOYMENT_FILE``) instead of a URL, so that its
+    port is written in one place.
 
     Unknown arguments are ignored: under Streamlit's test harness ``argv`` is pytest's.
     """
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--gateway-url")
     args, _ = parser.parse_known_args(list(argv))
-    return args.gateway_url or environ.get(GATEWAY_URL_ENV) or DEFAULT_GATEWAY_URL
+    url = args.gateway_url or environ.get(GATEWAY_URL_ENV) or DEFAULT_GATEWAY_URL
+    deployment = environ.get(DEPLOYMENT_FILE_ENV)
+    if "://" not in url and deployment:
+        urls = app_urls(deployment)
+        if url not in urls:
+            raise ValueError(f"{url!r} is no app of the deployment {deployment}")
+        return urls[url]
+    return url

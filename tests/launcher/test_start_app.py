@@ -310,7 +310,14 @@ def test_shipped_deployment_points_the_chat_ui_at_its_gateway() -> None:
     deployment = start_app.load_deployment(start_app.DEFAULT_DEPLOYMENT)
     entries = {entry.app: entry for entry in deployment.apps}
     ui, gateway = entries["chat_ui"], entries["client"]
-    assert ui.env["LLM_SUITE_GATEWAY_URL"] == start_app.base_url(gateway.host, gateway.port)
+    # The gateway named by its app: its port is written once, in the deployment file.
+    assert ui.env["LLM_SUITE_GATEWAY_URL"] == gateway.name
+    from chat_ui.gateway_client import gateway_url_from
+
+    deployment_file = str(start_app.DEFAULT_DEPLOYMENT)
+    environ = {"LLM_SUITE_GATEWAY_URL": "client", "LLM_SUITE_DEPLOYMENT_FILE": deployment_file}
+    url = gateway_url_from([], environ)
+    assert url == start_app.base_url(gateway.host, gateway.port)
     assert ui.launcher == "streamlit" and ui.health_path == "/_stcore/health"
     order = sorted(deployment.apps, key=lambda e: start_app.ROLE_ORDER[e.role])
     assert [e.app for e in order][-2:] == ["client", "chat_ui"]
