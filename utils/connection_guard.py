@@ -59,6 +59,22 @@ class ConnectionGuard:
         self._discarding = False  # answered and closing: what still comes is dropped
 
     # Timer ----------------------------------------------------------------------------------
+    # Shared protocol hooks (this mixin comes first in both protocols' bases) ----------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        """Accept the connection; its headers must be complete within the header timeout."""
+        super().connection_made(transport)  # type: ignore[misc]
+        self._arm(self.limits.header_timeout_seconds)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        """Stop the timer with the connection."""
+        self._disarm()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def on_response_complete(self) -> None:
+        """Answered: keep-alive as usual, unless the body was still coming."""
+        if not self._answered_early():
+            super().on_response_complete()  # type: ignore[misc]
+
     def _arm(self, delay: float) -> None:
         self._disarm()
         self._timer = self.loop.call_later(delay, self._on_deadline)

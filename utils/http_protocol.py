@@ -53,16 +53,6 @@ class HardenedHttpToolsProtocol(ConnectionGuard, HttpToolsProtocol):
         super().__init__(config, server_state, app_state, _loop)
         self._init_guard(config.app)
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Accept the connection; its headers must be complete within the header timeout."""
-        super().connection_made(transport)
-        self._arm(self.limits.header_timeout_seconds)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """Stop the timer with the connection."""
-        self._disarm()
-        super().connection_lost(exc)
-
     def data_received(self, data: bytes) -> None:
         """Feed the parser; bad input and oversized headers are answered in the error shape."""
         self._unset_keepalive_if_required()
@@ -119,11 +109,6 @@ class HardenedHttpToolsProtocol(ConnectionGuard, HttpToolsProtocol):
         self._body_done()
         super().on_message_complete()
 
-    def on_response_complete(self) -> None:
-        """Answered: keep-alive as usual, unless the body was still coming."""
-        if not self._answered_early():
-            super().on_response_complete()
-
 
 class _WatchedConnection(h11.Connection):
     """An h11 connection that tells the protocol what it parsed (h11 has no callbacks)."""
@@ -172,16 +157,6 @@ class HardenedH11Protocol(ConnectionGuard, H11Protocol):
         self._init_guard(config.app)
         self.conn = _WatchedConnection(self, self.limits.max_header_bytes)
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        """Accept the connection; its headers must be complete within the header timeout."""
-        super().connection_made(transport)
-        self._arm(self.limits.header_timeout_seconds)
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        """Stop the timer with the connection."""
-        self._disarm()
-        super().connection_lost(exc)
-
     def data_received(self, data: bytes) -> None:
         """Feed h11, starting a request's header clock at its first byte."""
         if self._discarding:
@@ -203,8 +178,3 @@ class HardenedH11Protocol(ConnectionGuard, H11Protocol):
             self._reject(400, f"invalid HTTP request: {exc or msg}")
             return
         self._send_rejection()
-
-    def on_response_complete(self) -> None:
-        """Answered: keep-alive as usual, unless the body was still coming."""
-        if not self._answered_early():
-            super().on_response_complete()

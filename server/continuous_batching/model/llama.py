@@ -193,8 +193,8 @@ class LlamaForCausalLM(nn.Module):
         self.rotary = RotaryTables(config, dtype, self.device)
         self.residual_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         self.lm_head_linear = Linear(self.lm_head, None, is_packed=False)
-        self.decoder_ops: TorchDecoderOps = TorchDecoderOps()
-        self.attention_backend: AttentionBackend = "torch"
+        self.decoder_ops: TorchDecoderOps
+        self.attention_backend: AttentionBackend
         self.set_decoder_ops(decoder_ops_for(self.device, use_cpu_kernels))
 
     def set_decoder_ops(self, ops: TorchDecoderOps) -> None:
