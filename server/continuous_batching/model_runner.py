@@ -187,6 +187,7 @@ class ModelRunner:
             self.block_size,
             self.device,
             with_decode_tables=self.attention_backend != "torch",
+            kernel_takes_prefill=self.attention_backend == "cpu",
         )
         return self.model(
             torch.tensor(input_ids, dtype=torch.long, device=self.device),

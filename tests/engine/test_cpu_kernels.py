@@ -127,6 +127,53 @@ def test_attention_through_paged_attention_backend(kernels) -> None:
     torch.testing.assert_close(attention(q, k_cache, v_cache), expected, atol=2e-5, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_one_long_sequence_split_by_kv_head(kernels, dtype) -> None:
+    # Fewer sequences than twice the threads: the work items are (sequence, kv head) pairs, and
+    # 300 positions cross several online-softmax chunks (a rescale of the running sums).
+    gen = torch.Generator().manual_seed(7)
+    context_lens = [300]
+    tables, num_blocks = _random_tables(context_lens, gen)
+    k_cache = torch.randn(num_blocks * BLOCK_SIZE, 3, 64, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks * BLOCK_SIZE, 3, 64, generator=gen).to(dtype)
+    # Larger scores for some keys, so the running max moves between chunks.
+    k_cache[::37] *= 4
+    q = torch.randn(1, 9, 64, generator=gen).to(dtype)
+    meta = build_attention_metadata([1], context_lens, tables, BLOCK_SIZE, CPU, True)
+    out = kernels.paged_decode_attention(
+        q, k_cache, v_cache, meta.decode.block_tables, meta.decode.context_lens, BLOCK_SIZE, 0.125
+    )
+    exact = _exact_attention(q, k_cache, v_cache, tables, context_lens)
+    assert (out.reshape(1, -1).double() - exact).abs().max().item() < TOLERANCE[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_mixed_step_through_the_kernel(kernels, dtype) -> None:
+    # With kernel_takes_prefill every query token is a kernel row attending its own position
+    # + 1 keys: a prompt chunk after a cached prefix, a fresh prompt and decodes in one step
+    # must match the torch path (masked SDPA for the prompts, batched decode for the rest).
+    gen = torch.Generator().manual_seed(3)
+    query_lens = [1, 20, 1, 7]
+    context_lens = [40, 50, 17, 7]  # sequence 1 has 30 cached tokens before its 20 new ones
+    tables, num_blocks = _random_tables(context_lens, gen)
+    k_cache = torch.randn(num_blocks * BLOCK_SIZE, 3, 64, generator=gen).to(dtype)
+    v_cache = torch.randn(num_blocks * BLOCK_SIZE, 3, 64, generator=gen).to(dtype)
+    q = torch.randn(sum(query_lens), 9, 64, generator=gen).to(dtype)
+    kernel_meta = build_attention_metadata(
+        query_lens, context_lens, tables, BLOCK_SIZE, CPU, True, kernel_takes_prefill=True
+    )
+    assert kernel_meta.decode is not None and not kernel_meta.groups
+    attention = PagedAttention(kernel_meta, 9, 3, 64, dtype, "cpu", BLOCK_SIZE)
+    assert attention.is_kernel_step
+    torch_meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, CPU)
+    expected = PagedAttention(torch_meta, 9, 3, 64, dtype)(q, k_cache, v_cache)
+    tolerance = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}[dtype]
+    torch.testing.assert_close(attention(q, k_cache, v_cache), expected, atol=tolerance, rtol=0)
+    # Without the flag a mixed step keeps the torch groups (the Triton backend's contract).
+    plain = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, CPU, True)
+    assert plain.decode is None and plain.groups
+
+
 @pytest.mark.parametrize(
     "x_dtype,w_dtype",
     [(torch.float32, torch.bfloat16), (torch.float32, torch.float32), (torch.bfloat16,) * 2],

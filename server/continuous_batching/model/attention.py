@@ -43,8 +43,10 @@ class AttentionGroup:
 
 @dataclass
 class DecodeTables:
-    """A decode-only step as the paged-attention kernel reads it: token i is sequence i's one
-    query, its keys are the first ``context_lens[i]`` positions of ``block_tables[i]``."""
+    """A step as the paged-attention kernels read it, one row per query token: token i attends
+    the first ``context_lens[i]`` positions of ``block_tables[i]`` (its sequence's table; its
+    own position + 1 keys, so causality is in the lengths). In a decode-only step row i is
+    sequence i's one query; prefill tokens (CPU kernel only) each get a row of their own."""
 
     block_tables: torch.Tensor  # [num_tokens, max_blocks] int32 (padding -> block 0)
     context_lens: torch.Tensor  # [num_tokens] int32
@@ -94,6 +96,7 @@ def build_attention_metadata(
     block_size: int,
     device: torch.device,
     with_decode_tables: bool = False,
+    kernel_takes_prefill: bool = False,
 ) -> AttentionMetadata:
     """Build the step's metadata.
 
@@ -103,7 +106,8 @@ def build_attention_metadata(
     ``block_tables[i]`` lists its block ids. Decodes (query_len 1) and prefill chunks are
     grouped separately; a group is split when padding would waste much (see _split_groups).
     With ``with_decode_tables``, a decode-only step (every query_len 1) gets ``DecodeTables``
-    and no groups: the paged-attention kernel path.
+    and no groups: the paged-attention kernel path; with ``kernel_takes_prefill`` too, every
+    step does (one row per query token: the CPU kernel runs prefill tokens as decode rows).
     """
     n = len(query_lens)
     if not (n == len(context_lens) == len(block_tables)) or n == 0:
@@ -123,15 +127,17 @@ def build_attention_metadata(
     pos = np.arange(num_tokens) - starts[seq_of_token] + (ctx - q)[seq_of_token]
     slot_mapping = table[seq_of_token, pos // block_size] * block_size + pos % block_size
 
-    if with_decode_tables and (q == 1).all():
+    is_decode_only = num_tokens == n
+    if with_decode_tables and (is_decode_only or kernel_takes_prefill):
         # The kernel reads the block tables itself: no groups, gathers or masks to build.
+        token_table = table if is_decode_only else table[seq_of_token]
         return AttentionMetadata(
             slot_mapping=torch.from_numpy(slot_mapping).to(device),
             groups=[],
             num_tokens=num_tokens,
             decode=DecodeTables(
-                block_tables=torch.from_numpy(table.astype(np.int32)).to(device),
-                context_lens=torch.from_numpy(ctx.astype(np.int32)).to(device),
+                block_tables=torch.from_numpy(token_table.astype(np.int32)).to(device),
+                context_lens=torch.from_numpy((pos + 1).astype(np.int32)).to(device),
                 max_context_len=int(ctx.max()),
             ),
         )

@@ -199,8 +199,9 @@ class LlamaForCausalLM(nn.Module):
 
     def set_decoder_ops(self, ops: TorchDecoderOps) -> None:
         """Run the element-wise steps with ``ops`` and pick the matching attention backend:
-        decode-only steps (whose metadata then carries DecodeTables) go to the Triton kernels
-        on CUDA with triton installed, to the fused kernel with the fused CPU ops, else torch."""
+        steps whose metadata carries DecodeTables (decode-only steps; on CPU every step) go to
+        the Triton kernels on CUDA with triton installed, to the fused kernel with the fused
+        CPU ops, else torch."""
         self.decoder_ops = ops
         if triton_paged_attention.is_available(self.device):
             self.attention_backend = "triton"

@@ -24,10 +24,12 @@ gather K/V once, in big chunks, and to give the GEMMs a usable shape:
 The ``triton`` backend (CUDA only, chosen by the model) sends decode-only steps, whose metadata
 then carries ``DecodeTables`` instead of groups, to ``triton_paged_attention``: no gather copy,
 and K/V are written by its kernel too. The ``cpu`` backend (chosen with the fused CPU decoder
-ops) sends decode-only steps to the C++ kernel ``cpu_kernels.paged_decode_attention``, which
-likewise reads K/V through the block tables and computes only each row's own context. Every
-other step keeps the torch path above, which stays the reference both kernels are tested
-against.
+ops) sends every step to the C++ kernel ``cpu_kernels.paged_decode_attention``, which likewise
+reads K/V through the block tables and computes only each row's own context; prefill tokens
+are rows too, each attending its own position + 1 keys (on this 2-core machine 2.6x faster
+than the masked SDPA for ten 100-token prompts, 1.7x for one 1,000-token prompt). Steps the
+kernels do not take keep the torch path above, which stays the reference both kernels are
+tested against.
 """
 
 from __future__ import annotations

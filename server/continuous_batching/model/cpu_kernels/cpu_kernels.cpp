@@ -10,6 +10,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +20,10 @@
 namespace {
 
 constexpr int kLanes = 16;  // one AVX-512 register of floats; two AVX2 registers elsewhere
+
+// Positions per online-softmax chunk of decode attention: its scores of every head stay in L1,
+// and the softmax bookkeeping (max, rescale) is paid once per chunk, not per position or block.
+constexpr int64_t kChunk = 64;
 
 inline float to_f32(float v) { return v; }
 inline float to_f32(c10::BFloat16 v) {
@@ -107,28 +112,6 @@ inline __m512 load16(const c10::BFloat16* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
 }
 
-// The two passes of one (sequence, kv head) item with the head kept in registers: head_dim is
-// HD (a multiple of 16). Scores are rep x len, row-major; the values pass weighs V rows by
-// them into out [rep, HD]. Four query heads at a time keep q (or the sums) in registers.
-// Rows this many positions ahead are prefetched: blocks are scattered, so the hardware
-// prefetchers lose the stream at every block edge and the passes would wait on memory.
-constexpr int64_t kPrefetchAhead = 8;
-
-template <typename T>
-inline const char* cache_row(const T* base, int64_t row_stride, const int32_t* table,
-                             int64_t block_size, int64_t p) {
-  const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-  return reinterpret_cast<const char*>(base + slot * row_stride);
-}
-
-template <int BYTES>
-inline void prefetch_row(const char* row, int hint) {
-  for (int offset = 0; offset < BYTES; offset += 64) {
-    if (hint == 0) _mm_prefetch(row + offset, _MM_HINT_T0);
-    else _mm_prefetch(row + offset, _MM_HINT_T1);
-  }
-}
-
 // Four dot-product accumulators -> their four sums in one vector (lane i = sum of x_i's lanes):
 // about a third of the instructions of four separate horizontal reductions.
 inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
@@ -141,75 +124,189 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// q . k of one head against cache rows, unreduced (16 partial sums). float32 caches: FMAs on
+// the rows as stored. bfloat16 caches, where the CPU has AVX512-BF16: vdpbf16ps multiplies
+// the stored bfloat16 q and k pairs exactly and sums in float32, with no conversion pass.
 template <typename T, int HD>
-void decode_scores_avx512(const float* qf, int64_t rep, const T* kp, int64_t k_row,
-                          const T* vp, int64_t v_row, const int32_t* table, int64_t block_size,
-                          int64_t len, float* scores) {
+struct HeadDot;
+
+template <int HD>
+struct HeadDot<float, HD> {
+  static constexpr int V = HD / 16;
+  __m512 q[V];
+  void load(const float* p) {
+    for (int j = 0; j < V; ++j) q[j] = _mm512_loadu_ps(p + 16 * j);
+  }
+  __m512 partial(const float* row) const {
+    __m512 acc = _mm512_mul_ps(q[0], _mm512_loadu_ps(row));
+    for (int j = 1; j < V; ++j) acc = _mm512_fmadd_ps(q[j], _mm512_loadu_ps(row + 16 * j), acc);
+    return acc;
+  }
+};
+
+#if defined(__AVX512BF16__)
+#define LLM_SUITE_FAST_BF16_ATTENTION 1
+template <int HD>
+struct HeadDot<c10::BFloat16, HD> {
+  static constexpr int V = HD / 32;
+  __m512bh q[V];
+  void load(const c10::BFloat16* p) {
+    for (int j = 0; j < V; ++j) q[j] = (__m512bh)_mm512_loadu_si512(p + 32 * j);
+  }
+  __m512 partial(const c10::BFloat16* row) const {
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = 0; j < V; ++j)
+      acc = _mm512_dpbf16_ps(acc, q[j], (__m512bh)_mm512_loadu_si512(row + 32 * j));
+    return acc;
+  }
+};
+#endif
+
+// exp(x) of 16 lanes, x <= 0: exp_nonpositive above, lane-wise.
+inline __m512 exp512_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.428606765330187e-06f), r);
+  __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i bits = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(p, _mm512_castsi512_ps(bits));
+}
+
+// One sequence's decode attention for kv heads [g0, g1) in ONE pass over its cache rows, with
+// an online softmax over chunks of kChunk positions. While the first head of a chunk runs, the
+// rows of the next chunk are prefetched into L2: blocks are scattered, so the hardware
+// prefetchers lose the stream at every block edge.
+template <typename T, int HD>
+void decode_sequence_avx512(const T* q, int64_t q_head_stride, const T* k_cache, const T* v_cache,
+                            int64_t k_row, int64_t v_row, int64_t k_head, int64_t v_head,
+                            int64_t num_kv_heads, int64_t g0, int64_t g1, int64_t rep,
+                            const int32_t* table, int64_t block_size, int64_t len, float scale,
+                            float* acc, float* run_max, float* run_sum, float* scores, T* out,
+                            int64_t out_head_stride) {
   constexpr int V = HD / 16;
-  constexpr int kRowBytes = HD * sizeof(T);
-  alignas(64) float kf[4][HD];  // four positions' keys in float32, reused by every head
-  for (int64_t r0 = 0; r0 < rep; r0 += 4) {
-    const int64_t nr = std::min<int64_t>(4, rep - r0);
-    __m512 q[4][V];
-    for (int64_t r = 0; r < nr; ++r)
-      for (int j = 0; j < V; ++j) q[r][j] = _mm512_loadu_ps(qf + (r0 + r) * HD + 16 * j);
-    int64_t p = 0;
-    for (; p + 4 <= len; p += 4) {
-      for (int i = 0; i < 4; ++i) {
-        const int64_t ahead = p + i + kPrefetchAhead;
-        if (r0 == 0 && ahead < len) {
-          // K now, V for the values pass (to L2) while the K stream is running anyway.
-          prefetch_row<kRowBytes>(cache_row(kp, k_row, table, block_size, ahead), 0);
-          prefetch_row<kRowBytes>(cache_row(vp, v_row, table, block_size, ahead), 1);
-        }
-        const T* row = reinterpret_cast<const T*>(cache_row(kp, k_row, table, block_size, p + i));
-        for (int j = 0; j < V; ++j) _mm512_store_ps(kf[i] + 16 * j, load16(row + 16 * j));
+  const int64_t h0 = g0 * rep, h1 = g1 * rep;
+  // With float32 caches q is pre-scaled; bfloat16 q stays as stored and scores are scaled.
+  constexpr bool kScaleScores = !std::is_same_v<T, float>;
+  alignas(64) float q_scaled[HD];
+  const T* k_rows[kChunk];
+  const T* v_rows[kChunk];
+  for (int64_t h = h0; h < h1; ++h) {
+    run_max[h] = -INFINITY;
+    run_sum[h] = 0.0f;
+    for (int j = 0; j < HD; ++j) acc[h * HD + j] = 0.0f;
+  }
+  // Bytes of the kv heads [g0, g1) in one cache row (contiguous when the heads are).
+  const char* k_base = reinterpret_cast<const char*>(k_cache + g0 * k_head);
+  const char* v_base = reinterpret_cast<const char*>(v_cache + g0 * v_head);
+  const int64_t k_bytes = (g1 - g0) * k_head * static_cast<int64_t>(sizeof(T));
+  const int64_t v_bytes = (g1 - g0) * v_head * static_cast<int64_t>(sizeof(T));
+  auto slot_of = [&](int64_t p) {
+    return static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+  };
+  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
+    const int64_t n = std::min(kChunk, len - c0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t slot = slot_of(c0 + i);
+      k_rows[i] = k_cache + slot * k_row;
+      v_rows[i] = v_cache + slot * v_row;
+    }
+    const int64_t num_ahead = std::max<int64_t>(0, std::min(kChunk, len - c0 - kChunk));
+    const int64_t share = (num_ahead + (h1 - h0) - 1) / (h1 - h0);
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n % 16)) - 1u);
+    for (int64_t h = h0; h < h1; ++h) {
+      const int64_t g = h / rep;
+      HeadDot<T, HD> dot;
+      if constexpr (kScaleScores) {
+        dot.load(q + h * q_head_stride);
+      } else {
+        for (int j = 0; j < HD; ++j) q_scaled[j] = to_f32(q[h * q_head_stride + j]) * scale;
+        dot.load(reinterpret_cast<const T*>(q_scaled));
       }
-      for (int64_t r = 0; r < nr; ++r) {
-        __m512 acc[4];
-        for (int i = 0; i < 4; ++i) {
-          acc[i] = _mm512_mul_ps(q[r][0], _mm512_load_ps(kf[i]));
-          for (int j = 1; j < V; ++j)
-            acc[i] = _mm512_fmadd_ps(q[r][j], _mm512_load_ps(kf[i] + 16 * j), acc[i]);
+      float* sh = scores + (h - h0) * kChunk;
+      int64_t p = 0;
+      // This head's share of the next chunk's rows, one row per four positions scored: a
+      // burst of prefetches would overflow the miss queue and be dropped.
+      const int64_t share_begin = (h - h0) * share, share_end = std::min(num_ahead, share_begin + share);
+      for (; p + 4 <= n; p += 4) {
+        if (const int64_t i = share_begin + p / 4; i < share_end) {
+          const int64_t slot = slot_of(c0 + kChunk + i);
+          for (int64_t o = 0; o < k_bytes; o += 64)
+            _mm_prefetch(k_base + slot * k_row * sizeof(T) + o, _MM_HINT_T1);
+          for (int64_t o = 0; o < v_bytes; o += 64)
+            _mm_prefetch(v_base + slot * v_row * sizeof(T) + o, _MM_HINT_T1);
         }
-        _mm_storeu_ps(scores + (r0 + r) * len + p, reduce4(acc[0], acc[1], acc[2], acc[3]));
+        const int64_t off = g * k_head;
+        __m128 s = reduce4(dot.partial(k_rows[p] + off), dot.partial(k_rows[p + 1] + off),
+                           dot.partial(k_rows[p + 2] + off), dot.partial(k_rows[p + 3] + off));
+        if constexpr (kScaleScores) s = _mm_mul_ps(s, _mm_set1_ps(scale));
+        _mm_storeu_ps(sh + p, s);
+      }
+      for (; p < n; ++p) {
+        const float s = _mm512_reduce_add_ps(dot.partial(k_rows[p] + g * k_head));
+        sh[p] = kScaleScores ? s * scale : s;
+      }
+      // Online softmax: exponentials against the new running max; what was summed so far is
+      // rescaled to it.
+      __m512 vmax = _mm512_set1_ps(-INFINITY);
+      int64_t i = 0;
+      for (; i + 16 <= n; i += 16) vmax = _mm512_max_ps(vmax, _mm512_loadu_ps(sh + i));
+      if (i < n) vmax = _mm512_mask_max_ps(vmax, tail, vmax, _mm512_maskz_loadu_ps(tail, sh + i));
+      const float new_max = std::max(run_max[h], _mm512_reduce_max_ps(vmax));
+      const __m512 shift = _mm512_set1_ps(new_max);
+      __m512 vsum = _mm512_setzero_ps();
+      for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 e = exp512_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(sh + i), shift));
+        _mm512_storeu_ps(sh + i, e);
+        vsum = _mm512_add_ps(vsum, e);
+      }
+      if (i < n) {
+        const __m512 e = exp512_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, sh + i), shift));
+        _mm512_mask_storeu_ps(sh + i, tail, e);
+        vsum = _mm512_mask_add_ps(vsum, tail, vsum, e);
+      }
+      const float correction = exp_nonpositive(run_max[h] - new_max);  // ~0 on the first chunk
+      run_sum[h] = run_sum[h] * correction + _mm512_reduce_add_ps(vsum);
+      run_max[h] = new_max;
+      if (c0 > 0 && correction != 1.0f) {
+        const __m512 c = _mm512_set1_ps(correction);
+        for (int j = 0; j < V; ++j)
+          _mm512_storeu_ps(acc + h * HD + 16 * j, _mm512_mul_ps(c, _mm512_loadu_ps(acc + h * HD + 16 * j)));
       }
     }
-    for (; p < len; ++p) {  // the last len % 4 positions, one at a time
-      const T* row = reinterpret_cast<const T*>(cache_row(kp, k_row, table, block_size, p));
-      __m512 k[V];
-      for (int j = 0; j < V; ++j) k[j] = load16(row + 16 * j);
-      for (int64_t r = 0; r < nr; ++r) {
-        __m512 acc = _mm512_mul_ps(q[r][0], k[0]);
-        for (int j = 1; j < V; ++j) acc = _mm512_fmadd_ps(q[r][j], k[j], acc);
-        scores[(r0 + r) * len + p] = _mm512_reduce_add_ps(acc);
+    // Values: per kv head, up to four of its query heads' sums in registers.
+    for (int64_t g = g0; g < g1; ++g) {
+      for (int64_t r0 = 0; r0 < rep; r0 += 4) {
+        const int64_t nr = std::min<int64_t>(4, rep - r0);
+        const int64_t hb = g * rep + r0;
+        __m512 a[4][V];
+        for (int64_t r = 0; r < nr; ++r)
+          for (int j = 0; j < V; ++j) a[r][j] = _mm512_loadu_ps(acc + (hb + r) * HD + 16 * j);
+        for (int64_t p = 0; p < n; ++p) {
+          const T* vp = v_rows[p] + g * v_head;
+          __m512 v[V];
+          for (int j = 0; j < V; ++j) v[j] = load16(vp + 16 * j);
+          for (int64_t r = 0; r < nr; ++r) {
+            const __m512 w = _mm512_set1_ps(scores[(hb + r - h0) * kChunk + p]);
+            for (int j = 0; j < V; ++j) a[r][j] = _mm512_fmadd_ps(w, v[j], a[r][j]);
+          }
+        }
+        for (int64_t r = 0; r < nr; ++r)
+          for (int j = 0; j < V; ++j) _mm512_storeu_ps(acc + (hb + r) * HD + 16 * j, a[r][j]);
       }
     }
   }
-}
-
-template <typename T, int HD>
-void decode_values_avx512(const float* scores, int64_t rep, const T* vp, int64_t v_row,
-                          const int32_t* table, int64_t block_size, int64_t len, float* out) {
-  constexpr int V = HD / 16;
-  for (int64_t r0 = 0; r0 < rep; r0 += 4) {
-    const int64_t nr = std::min<int64_t>(4, rep - r0);
-    __m512 acc[4][V];
-    for (int64_t r = 0; r < nr; ++r)
-      for (int j = 0; j < V; ++j) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < len; ++p) {
-      if (r0 == 0 && p + kPrefetchAhead < len)
-        prefetch_row<HD * sizeof(T)>(cache_row(vp, v_row, table, block_size, p + kPrefetchAhead), 0);
-      const T* row = reinterpret_cast<const T*>(cache_row(vp, v_row, table, block_size, p));
-      __m512 v[V];
-      for (int j = 0; j < V; ++j) v[j] = load16(row + 16 * j);
-      for (int64_t r = 0; r < nr; ++r) {
-        const __m512 w = _mm512_set1_ps(scores[(r0 + r) * len + p]);
-        for (int j = 0; j < V; ++j) acc[r][j] = _mm512_fmadd_ps(w, v[j], acc[r][j]);
-      }
-    }
-    for (int64_t r = 0; r < nr; ++r)
-      for (int j = 0; j < V; ++j) _mm512_storeu_ps(out + (r0 + r) * HD + 16 * j, acc[r][j]);
+  for (int64_t h = h0; h < h1; ++h) {
+    const float inv = 1.0f / run_sum[h];
+    for (int j = 0; j < HD; ++j) out[h * out_head_stride + j] = from_f32<T>(acc[h * HD + j] * inv);
   }
 }
 #endif
@@ -236,79 +333,101 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
   const float fscale = static_cast<float>(scale);
-  // The AVX-512 passes for the usual head sizes; false: run the portable loops.
-  auto score_pass = [head_dim](const float* qf, int64_t rep, const T* k, int64_t k_row,
-                               const T* v, int64_t v_row, const int32_t* table, int64_t bs,
-                               int64_t len, float* scores) {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-      switch (head_dim) {
-        case 64: decode_scores_avx512<T, 64>(qf, rep, k, k_row, v, v_row, table, bs, len, scores); return true;
-        case 128: decode_scores_avx512<T, 128>(qf, rep, k, k_row, v, v_row, table, bs, len, scores); return true;
-        default: break;
-      }
-    }
-#endif
-    return false;
-  };
-  auto value_pass = [head_dim](const float* scores, int64_t rep, const T* v, int64_t v_row,
-                               const int32_t* table, int64_t bs, int64_t len, float* out) {
-#if defined(__AVX512F__)
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>) {
-      switch (head_dim) {
-        case 64: decode_values_avx512<T, 64>(scores, rep, v, v_row, table, bs, len, out); return true;
-        case 128: decode_values_avx512<T, 128>(scores, rep, v, v_row, table, bs, len, out); return true;
-        default: break;
-      }
-    }
-#endif
-    return false;
-  };
 
-  at::parallel_for(0, num_seqs * num_kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(rep * head_dim), row(head_dim), acc(rep * head_dim), scores;
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t s = item / num_kv_heads, g = item % num_kv_heads;
-      const int64_t len = lens[s];
-      const int32_t* table = tables + s * bt_s0;
+  // Work items: whole sequences (each block's rows read as one contiguous stretch) when there
+  // are enough of them to keep every thread busy, else (sequence, kv head) pairs. Longest
+  // first, handed out one at a time, so that one long context does not land last on a thread.
+  const int64_t num_threads = at::get_num_threads();
+  const int64_t heads_per_item = num_seqs >= 2 * num_threads ? num_kv_heads : 1;
+  const int64_t items_per_seq = num_kv_heads / heads_per_item;
+  const int64_t num_items = num_seqs * items_per_seq;
+  std::vector<int64_t> order(num_items);
+  for (int64_t i = 0; i < num_items; ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    return lens[a / items_per_seq] > lens[b / items_per_seq];
+  });
+  std::atomic<int64_t> next{0};
+
+  auto run_item = [&](int64_t item, std::vector<float>& acc, std::vector<float>& state,
+                      std::vector<float>& scores) {
+    const int64_t s = item / items_per_seq;
+    const int64_t g0 = (item % items_per_seq) * heads_per_item, g1 = g0 + heads_per_item;
+    const int64_t len = lens[s];
+    const int32_t* table = tables + s * bt_s0;
+    const T* qs = qp + s * q_s0;
+    T* os = op + s * num_heads * head_dim;
+    if (len <= 0) {
+      for (int64_t h = g0 * rep; h < g1 * rep; ++h)
+        for (int64_t d = 0; d < head_dim; ++d) os[h * head_dim + d] = from_f32<T>(0.0f);
+      return;
+    }
+#if defined(__AVX512F__)
+    constexpr bool kFast = std::is_same_v<T, float>
+#if defined(LLM_SUITE_FAST_BF16_ATTENTION)
+                           || std::is_same_v<T, c10::BFloat16>
+#endif
+        ;
+    if constexpr (kFast) {
+      float* run_max = state.data();
+      float* run_sum = state.data() + num_heads;
+      switch (head_dim) {
+        case 64:
+          decode_sequence_avx512<T, 64>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1,
+                                        num_kv_heads, g0, g1, rep, table, block_size, len, fscale,
+                                        acc.data(), run_max, run_sum, scores.data(), os, head_dim);
+          return;
+        case 128:
+          decode_sequence_avx512<T, 128>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1,
+                                         num_kv_heads, g0, g1, rep, table, block_size, len, fscale,
+                                         acc.data(), run_max, run_sum, scores.data(), os, head_dim);
+          return;
+        default:
+          break;
+      }
+    }
+#endif
+    // Portable loops (other head sizes and dtypes): two passes per kv head, scores kept whole.
+    std::vector<float> qf(rep * head_dim), row(head_dim), sums(rep * head_dim), all(rep * len);
+    for (int64_t g = g0; g < g1; ++g) {
       for (int64_t r = 0; r < rep; ++r) {
-        const T* src = qp + s * q_s0 + (g * rep + r) * q_s1;
+        const T* src = qs + (g * rep + r) * q_s1;
         for (int64_t d = 0; d < head_dim; ++d) qf[r * head_dim + d] = to_f32(src[d]) * fscale;
       }
-      scores.resize(rep * len);
       const T* k_head = kp + g * kc_s1;
       const T* v_head = vp + g * vc_s1;
-      if (!score_pass(qf.data(), rep, k_head, kc_s0, v_head, vc_s0, table, block_size, len,
-                      scores.data())) {
-        for (int64_t p = 0; p < len; ++p) {
-          const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-          load_row(k_head + slot * kc_s0, row.data(), head_dim);
-          for (int64_t r = 0; r < rep; ++r)
-            scores[r * len + p] = dot(qf.data() + r * head_dim, row.data(), head_dim);
-        }
+      for (int64_t p = 0; p < len; ++p) {
+        const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        load_row(k_head + slot * kc_s0, row.data(), head_dim);
+        for (int64_t r = 0; r < rep; ++r)
+          all[r * len + p] = dot(qf.data() + r * head_dim, row.data(), head_dim);
       }
       std::vector<float> inv_sum(rep);
       for (int64_t r = 0; r < rep; ++r) {
-        float* sr = scores.data() + r * len;
+        float* sr = all.data() + r * len;
         inv_sum[r] = 1.0f / exp_shifted_sum(sr, len, row_max(sr, len));
       }
-      if (!value_pass(scores.data(), rep, v_head, vc_s0, table, block_size, len, acc.data())) {
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t p = 0; p < len; ++p) {
-          const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-          load_row(v_head + slot * vc_s0, row.data(), head_dim);
-          for (int64_t r = 0; r < rep; ++r) {
-            const float w = scores[r * len + p];
-            float* a = acc.data() + r * head_dim;
-            for (int64_t d = 0; d < head_dim; ++d) a[d] += w * row[d];
-          }
+      std::fill(sums.begin(), sums.end(), 0.0f);
+      for (int64_t p = 0; p < len; ++p) {
+        const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
+        load_row(v_head + slot * vc_s0, row.data(), head_dim);
+        for (int64_t r = 0; r < rep; ++r) {
+          const float w = all[r * len + p];
+          float* a = sums.data() + r * head_dim;
+          for (int64_t d = 0; d < head_dim; ++d) a[d] += w * row[d];
         }
       }
       for (int64_t r = 0; r < rep; ++r) {
-        T* dst = op + (s * num_heads + g * rep + r) * head_dim;
-        for (int64_t d = 0; d < head_dim; ++d) dst[d] = from_f32<T>(acc[r * head_dim + d] * inv_sum[r]);
+        T* dst = os + (g * rep + r) * head_dim;
+        for (int64_t d = 0; d < head_dim; ++d) dst[d] = from_f32<T>(sums[r * head_dim + d] * inv_sum[r]);
       }
     }
+  };
+
+  at::parallel_for(0, num_threads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> acc(num_heads * head_dim), state(2 * num_heads),
+        scores(num_heads * kChunk);
+    for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1))
+      run_item(order[i], acc, state, scores);
   });
 }
 
