@@ -231,6 +231,38 @@ def test_rope_write_kv(kernels, dtype) -> None:
     assert (k[untouched] == 7).all() and (v[untouched] == 7).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("vocab", [1000, 1003], ids=["v1000", "v1003_tail"])
+def test_refine_logits(kernels, dtype, vocab) -> None:
+    # What the torch reference does: every logit widened, a top 8 of each row recomputed
+    # exactly in float32. 16-bit logits tie often and torch.topk breaks ties in no documented
+    # order; the kernel's rule is the first index wins.
+    gen = torch.Generator().manual_seed(vocab)
+    hidden = torch.randn(5, 64, generator=gen)
+    weight = torch.randn(vocab, 64, generator=gen).to(dtype)
+    logits = (hidden.to(dtype) @ weight.t()).contiguous()
+    logits[1, 10:20] = logits[1].max()  # ten equal best: indices 10..17 are refined
+    logits[2, -1] = logits[2].max() + 4  # the best in the last (scalar tail) position
+    out = FusedCpuDecoderOps(kernels).refine_logits(logits, hidden, weight, 8)
+    assert out.dtype == torch.float32 and out.shape == logits.shape
+    exact = (hidden.double() @ weight.double().t()).float()
+    widened = logits.float()
+    for row in range(5):
+        # The kernel's top 8: by value, ties to the first index (a stable descending sort).
+        top = torch.sort(widened[row], descending=True, stable=True).indices[:8]
+        torch.testing.assert_close(out[row, top], exact[row, top], atol=1e-5, rtol=0)
+        rest = torch.ones(vocab, dtype=torch.bool)
+        rest[top] = False
+        assert torch.equal(out[row, rest], widened[row, rest])
+    torch.testing.assert_close(out[1, 10:18], exact[1, 10:18], atol=1e-5, rtol=0)
+    assert torch.equal(out[1, 18:20], widened[1, 18:20])
+    assert abs(out[2, -1] - exact[2, -1]) < 1e-5 and out[2, -1] != widened[2, -1]  # refined
+    # The torch reference agrees wherever the two picked the same candidates.
+    expected = TorchDecoderOps().refine_logits(logits, hidden, weight, 8)
+    same = (expected == out) | ((expected - out).abs() < 1e-5)
+    assert same.float().mean() > 0.99
+
+
 def test_build_failure_falls_back_to_torch_ops(monkeypatch, caplog) -> None:
     def broken(verbose: bool) -> None:
         raise OSError("g++: not found")

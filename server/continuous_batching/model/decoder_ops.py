@@ -1,7 +1,7 @@
 """The decoder's element-wise steps, as torch ops (the reference) or as fused CPU kernels.
 
 A layer asks its ``DecoderOps`` for RMSNorm, SiLU-and-multiply and "rotate q/k and write the
-step's K/V to the cache". ``TorchDecoderOps`` runs them as plain torch ops on any device: it is
+step's K/V to the cache"; the model asks them to turn 16-bit logits into refined float32 ones. ``TorchDecoderOps`` runs them as plain torch ops on any device: it is
 the reference the fused kernels are tested against. ``FusedCpuDecoderOps`` runs each as one
 pass of the C++ extension in ``cpu_kernels`` (float32 inside, one rounding), which on a CPU
 saves several small ops and temporaries per layer.
@@ -37,6 +37,18 @@ class TorchDecoderOps:
         """SiLU(gate) * up of the fused gate/up output [T, 2I] -> [T, I]."""
         inter = gate_up.shape[-1] // 2
         return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+
+    def refine_logits(
+        self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int
+    ) -> torch.Tensor:
+        """float32 copy of the 16-bit lm_head output ``logits`` [n, V] in which each row's
+        ``k`` best candidates are recomputed exactly from the float32 ``hidden`` [n, H] and
+        the lm_head ``weight`` [V, H]."""
+        out = logits.float()
+        top = out.topk(min(k, out.shape[1]), dim=-1).indices  # [n, k]
+        rows = weight.index_select(0, top.flatten()).view(*top.shape, -1).float()
+        exact = torch.bmm(rows, hidden.float().unsqueeze(-1)).squeeze(-1)
+        return out.scatter_(1, top, exact)
 
     def rope_write_kv(
         self,
@@ -83,6 +95,12 @@ class FusedCpuDecoderOps(TorchDecoderOps):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """See ``TorchDecoderOps.silu_and_mul``."""
         return self.module.silu_and_mul(gate_up)
+
+    def refine_logits(
+        self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int
+    ) -> torch.Tensor:
+        """See ``TorchDecoderOps.refine_logits`` (one pass per row: widen, keep the top k)."""
+        return self.module.refine_logits(logits, hidden.float(), weight, k)
 
     def rope_write_kv(
         self,

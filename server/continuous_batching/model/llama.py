@@ -274,11 +274,9 @@ class LlamaForCausalLM(nn.Module):
         logits near 25 to steps of 0.125, which turns close candidates into exact ties and
         flips greedy choices, while a float32 lm_head would read 4x the bytes every step.
         """
-        logits = self.lm_head_linear(hidden_states.to(self.dtype)).float()
+        logits = self.lm_head_linear(hidden_states.to(self.dtype))
         if self.residual_dtype == self.dtype or logits.shape[0] == 0:
-            return logits
-        k = min(NUM_REFINED_LOGITS, logits.shape[1])
-        top = logits.topk(k, dim=-1).indices  # [n, k]
-        rows = self.lm_head.index_select(0, top.flatten()).view(*top.shape, -1).float()
-        exact = torch.bmm(rows, hidden_states.float().unsqueeze(-1)).squeeze(-1)
-        return logits.scatter_(1, top, exact)
+            return logits.float()
+        return self.decoder_ops.refine_logits(
+            logits, hidden_states, self.lm_head, NUM_REFINED_LOGITS
+        )

@@ -580,6 +580,89 @@ at::Tensor rope_write_kv(const at::Tensor& qkv, const at::Tensor& cos, const at:
   return q;
 }
 
+// ---------------------------------------------------------------------------------------
+// Float32 logits of a 16-bit lm_head output [n, V], with each row's best k candidates
+// recomputed exactly (hidden [n, H] float32 . weight rows [V, H]): one pass that widens the row
+// and keeps its top k (a running threshold: a candidate is inserted only when it beats the
+// k-th best), then k dot products. Replaces .float(), topk, index_select, bmm and scatter_.
+// Among equal logits the first index wins.
+template <typename T>
+void refine_logits_impl(const at::Tensor& logits, const at::Tensor& hidden,
+                        const at::Tensor& weight, int64_t k, at::Tensor& out) {
+  const int64_t n = logits.size(0), vocab = logits.size(1), h = hidden.size(1);
+  const T* lp = logits.data_ptr<T>();
+  const float* hp = hidden.data_ptr<float>();
+  const T* wp = weight.data_ptr<T>();
+  float* op = out.data_ptr<float>();
+  const int64_t l_s0 = logits.stride(0), h_s0 = hidden.stride(0), w_s0 = weight.stride(0);
+  at::parallel_for(0, n, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> top_v(k), w_row(h);
+    std::vector<int64_t> top_i(k);
+    for (int64_t r = begin; r < end; ++r) {
+      const T* src = lp + r * l_s0;
+      float* dst = op + r * vocab;
+      int64_t num_top = 0;
+      float threshold = -INFINITY;  // the k-th best so far, once k are held
+      auto offer = [&](float v, int64_t i) {
+        if (num_top == k && !(v > threshold)) return;
+        int64_t at = num_top < k ? num_top++ : k - 1;
+        while (at > 0 && v > top_v[at - 1]) {  // keep descending order, ties by first index
+          top_v[at] = top_v[at - 1];
+          top_i[at] = top_i[at - 1];
+          --at;
+        }
+        top_v[at] = v;
+        top_i[at] = i;
+        if (num_top == k) threshold = top_v[k - 1];
+      };
+      int64_t i = 0;
+#if defined(__AVX512F__)
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        for (; i + 16 <= vocab; i += 16) {
+          const __m512 x = load16(src + i);
+          _mm512_storeu_ps(dst + i, x);
+          // NaN never passes (ordered compare), as in the scalar tail.
+          __mmask16 over = _mm512_cmp_ps_mask(x, _mm512_set1_ps(threshold), _CMP_GT_OQ);
+          if (num_top < k) over = 0xFFFF;
+          while (over) {
+            const int lane = __builtin_ctz(over);
+            over &= over - 1;
+            offer(dst[i + lane], i + lane);
+          }
+        }
+      }
+#endif
+      for (; i < vocab; ++i) {
+        dst[i] = to_f32(src[i]);
+        offer(dst[i], i);
+      }
+      const float* hr = hp + r * h_s0;
+      for (int64_t j = 0; j < num_top; ++j) {
+        load_row(wp + top_i[j] * w_s0, w_row.data(), h);
+        dst[top_i[j]] = dot(hr, w_row.data(), h);
+      }
+    }
+  });
+}
+
+at::Tensor refine_logits(const at::Tensor& logits, const at::Tensor& hidden,
+                         const at::Tensor& weight, int64_t k) {
+  TORCH_CHECK(logits.dim() == 2 && hidden.dim() == 2 && weight.dim() == 2, "bad ranks");
+  TORCH_CHECK(logits.stride(1) == 1 && hidden.stride(1) == 1 && weight.stride(1) == 1,
+              "rows must be contiguous");
+  TORCH_CHECK(hidden.scalar_type() == at::kFloat, "hidden must be float32");
+  TORCH_CHECK(logits.scalar_type() == weight.scalar_type(), "logits and weight share a dtype");
+  TORCH_CHECK(logits.size(0) == hidden.size(0) && logits.size(1) == weight.size(0) &&
+                  hidden.size(1) == weight.size(1),
+              "shapes: logits [n, V], hidden [n, H], weight [V, H]");
+  TORCH_CHECK(k >= 1, "k >= 1");
+  auto out = at::empty({logits.size(0), logits.size(1)}, logits.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, logits.scalar_type(), "refine", [&] {
+    refine_logits_impl<scalar_t>(logits, hidden, weight, std::min(k, logits.size(1)), out);
+  });
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -588,4 +671,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of [T,N] rows, output in the weight's dtype");
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [T,2I] -> [T,I]");
   m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
+  m.def("refine_logits", &refine_logits,
+        "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly");
 }
