@@ -7,6 +7,7 @@ async front (``async_engine``) drives it from its own thread.
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 from dataclasses import dataclass
@@ -111,6 +112,11 @@ class LLMEngine:
         self.decoder = Decoder(self.tokenizer, self.block_manager, self.eos_token_ids)
         self.groups: dict[str, SequenceGroup] = {}
         self.stats = EngineStats()
+        # Everything loaded so far (torch, transformers, the tokenizer: millions of objects)
+        # lives as long as the process; frozen, the collector stops walking it in the full
+        # collections that the per-step garbage triggers (~2% of a decode step here).
+        gc.collect()
+        gc.freeze()
 
     # -- requests -------------------------------------------------------------------------
     def add_request(self, request: SequenceRequest) -> None:

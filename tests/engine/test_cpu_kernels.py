@@ -189,6 +189,21 @@ def test_rms_norm(kernels, x_dtype, w_dtype) -> None:
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[w_dtype], rtol=1e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_add_rms_norm(kernels, dtype) -> None:
+    # The float32 residual stream takes a 16-bit layer output in place, then is normalised.
+    gen = torch.Generator().manual_seed(4)
+    x = torch.randn(7, 577, generator=gen) * 3
+    delta = torch.randn(7, 577, generator=gen).to(dtype)
+    weight = torch.randn(577, generator=gen).to(dtype)
+    x_ref = x.clone()
+    out = FusedCpuDecoderOps(kernels).add_rms_norm(x, delta, weight, 1e-5)
+    expected = TorchDecoderOps().add_rms_norm(x_ref, delta, weight, 1e-5)
+    torch.testing.assert_close(x, x_ref, atol=0, rtol=0)  # the same float32 sums, in place
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=1e-2)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_silu_and_mul(kernels, dtype) -> None:
     gen = torch.Generator().manual_seed(3)

@@ -1,10 +1,11 @@
 """The decoder's element-wise steps, as torch ops (the reference) or as fused CPU kernels.
 
-A layer asks its ``DecoderOps`` for RMSNorm, SiLU-and-multiply and "rotate q/k and write the
-step's K/V to the cache"; the model asks them to turn 16-bit logits into refined float32 ones. ``TorchDecoderOps`` runs them as plain torch ops on any device: it is
-the reference the fused kernels are tested against. ``FusedCpuDecoderOps`` runs each as one
-pass of the C++ extension in ``cpu_kernels`` (float32 inside, one rounding), which on a CPU
-saves several small ops and temporaries per layer.
+A layer asks its ``DecoderOps`` for RMSNorm (alone, or after adding a layer's output to the
+residual stream), SiLU-and-multiply and "rotate q/k and write the step's K/V to the cache"; the
+model asks them to turn 16-bit logits into refined float32 ones. ``TorchDecoderOps`` runs them
+as plain torch ops on any device: it is the reference the fused kernels are tested against.
+``FusedCpuDecoderOps`` runs each as one pass of the C++ extension in ``cpu_kernels`` (float32
+inside, one rounding), which on a CPU saves several small ops and temporaries per layer.
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ class TorchDecoderOps:
             return F.rms_norm(x, (x.shape[-1],), weight, eps)
         # float32 residual stream of a 16-bit model: normalise in float32 (as HF does).
         return F.rms_norm(x, (x.shape[-1],), weight.float(), eps).to(weight.dtype)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """``x += delta`` in place (x: the float32 residual stream of a 16-bit model, delta:
+        a layer's output), then ``rms_norm(x)``."""
+        return self.rms_norm(x.add_(delta), weight, eps)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """SiLU(gate) * up of the fused gate/up output [T, 2I] -> [T, I]."""
@@ -91,6 +99,12 @@ class FusedCpuDecoderOps(TorchDecoderOps):
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """See ``TorchDecoderOps.rms_norm``."""
         return self.module.rms_norm(x, weight, eps)
+
+    def add_rms_norm(
+        self, x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """See ``TorchDecoderOps.add_rms_norm`` (one pass over x)."""
+        return self.module.add_rms_norm(x, delta, weight, eps)
 
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """See ``TorchDecoderOps.silu_and_mul``."""

@@ -141,29 +141,47 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
+        delta: torch.Tensor | None,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         attention: PagedAttention,
         ops: TorchDecoderOps,
-    ) -> torch.Tensor:
-        """x: residual stream [T, hidden]; returns the updated residual stream."""
-        h = ops.rms_norm(x, self.input_layernorm, self.eps)
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x: residual stream [T, hidden]; delta: the previous layer's output not yet added
+        to it (None: nothing pending). Returns (x, delta) likewise: a 16-bit model's float32
+        stream takes each output in the next norm's pass (``add_rms_norm``)."""
+        h = self._norm(x, delta, self.input_layernorm, ops)
         # RoPE on q and k, and this step's K/V stored in the cache.
         q = ops.rope_write_kv(self.qkv(h), cos, sin, kv_cache, attention)
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
         attn = attention(q, kv_cache[0], kv_cache[1])
-        x = self._add(x, self.o_proj, attn)
-        h = ops.rms_norm(x, self.post_attention_layernorm, self.eps)
-        return self._add(x, self.down, ops.silu_and_mul(self.gate_up(h)))
+        x, delta = self._residual(x, self.o_proj, attn)
+        h = self._norm(x, delta, self.post_attention_layernorm, ops)
+        return self._residual(x, self.down, ops.silu_and_mul(self.gate_up(h)))
+
+    def _norm(
+        self,
+        x: torch.Tensor,
+        delta: torch.Tensor | None,
+        weight: torch.Tensor,
+        ops: TorchDecoderOps,
+    ) -> torch.Tensor:
+        """RMSNorm of x, after adding the pending ``delta`` to it in place."""
+        if delta is None:
+            return ops.rms_norm(x, weight, self.eps)
+        return ops.add_rms_norm(x, delta, weight, self.eps)
 
     @staticmethod
-    def _add(residual: torch.Tensor, linear: LinearLike, x: torch.Tensor) -> torch.Tensor:
-        """residual + linear(x); fused into the matmul when the dtypes agree."""
+    def _residual(
+        residual: torch.Tensor, linear: LinearLike, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(residual + linear(x), None), fused into the matmul when the dtypes agree; else
+        (residual, linear(x)): the add is left to the next norm."""
         if residual.dtype == x.dtype:
-            return linear.add_to(residual, x)
-        return residual.add_(linear(x))
+            return linear.add_to(residual, x), None
+        return residual, linear(x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -258,8 +276,11 @@ class LlamaForCausalLM(nn.Module):
         # 16-bit models keep the residual stream in float32: each layer adds its output to
         # it without rounding, which keeps bfloat16 logits about twice as close to float32.
         x = F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
+        delta = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, cos, sin, kv_cache, attention, self.decoder_ops)
+            x, delta = layer(x, delta, cos, sin, kv_cache, attention, self.decoder_ops)
+        if delta is not None:
+            x = x.add_(delta)
         if x.dtype == self.norm.dtype:
             return self.decoder_ops.rms_norm(x, self.norm, c.rms_norm_eps)
         # Kept in float32: compute_logits refines the best candidates from it.

@@ -486,6 +486,47 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return out;
 }
 
+// x += delta (float32 residual stream, in place), then the RMSNorm of x in the weight's dtype:
+// the residual add of a 16-bit model's layer output and the next norm in one pass over x.
+template <typename D, typename W>
+void add_rms_norm_impl(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight, double eps,
+                       at::Tensor& out) {
+  const int64_t rows = x.size(0), n = x.size(1), xs = x.stride(0), ds = delta.stride(0);
+  float* xp = x.data_ptr<float>();
+  const D* dp = delta.data_ptr<D>();
+  const W* wp = weight.data_ptr<W>();
+  W* op = out.data_ptr<W>();
+  at::parallel_for(0, rows, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> df(n), wf(n);
+    load_row(wp, wf.data(), n);
+    for (int64_t t = begin; t < end; ++t) {
+      float* xr = xp + t * xs;
+      load_row(dp + t * ds, df.data(), n);
+      for (int64_t i = 0; i < n; ++i) xr[i] += df[i];
+      const float inv = 1.0f / std::sqrt(dot(xr, xr, n) / n + static_cast<float>(eps));
+      W* dst = op + t * n;
+      for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<W>(xr[i] * inv * wf[i]);
+    }
+  });
+}
+
+at::Tensor add_rms_norm(at::Tensor& x, const at::Tensor& delta, const at::Tensor& weight,
+                        double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kFloat, "x (the residual stream) must be float32");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && delta.dim() == 2 && delta.stride(1) == 1 &&
+                  weight.is_contiguous(),
+              "x and delta must be [T, N] rows");
+  TORCH_CHECK(delta.sizes() == x.sizes() && weight.numel() == x.size(1), "shapes");
+  auto out = at::empty({x.size(0), x.size(1)}, x.options().dtype(weight.scalar_type()));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, weight.scalar_type(), "arms_w", [&] {
+    using W = scalar_t;
+    AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, delta.scalar_type(), "arms_d", [&] {
+      add_rms_norm_impl<scalar_t, W>(x, delta, weight, eps, out);
+    });
+  });
+  return out;
+}
+
 // ---------------------------------------------------------------------------------------
 // SiLU(gate) * up for the fused gate_up output [T, 2I] -> [T, I].
 template <typename T>
@@ -669,6 +710,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode_attention", &paged_decode_attention,
         "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D])");
   m.def("rms_norm", &rms_norm, "RMSNorm of [T,N] rows, output in the weight's dtype");
+  m.def("add_rms_norm", &add_rms_norm, "x += delta (float32 x, in place), then RMSNorm of x");
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [T,2I] -> [T,I]");
   m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
   m.def("refine_logits", &refine_logits,
