@@ -278,6 +278,33 @@ def test_refine_logits(kernels, dtype, vocab) -> None:
     assert same.float().mean() > 0.99
 
 
+@pytest.mark.parametrize(
+    "rows,k,n,with_bias",
+    [(1, 576, 960, False), (5, 64, 100, True), (32, 33, 200, False), (9, 576, 49, True)],
+    ids=["decode1", "tail_rows_bias", "odd_k", "narrow_n"],
+)
+def test_bf16_linear(kernels, rows, k, n, with_bias) -> None:
+    # The extension's bf16 matmul (register tiles of 4 rows x 6 column blocks, tails in rows,
+    # K and N) against float64 math: exact products, float32 sums, one rounding, so never
+    # further from it than the rounding of the result (and than torch's own bf16 matmul).
+    if not kernels.has_bf16_gemm:
+        pytest.skip("this CPU has no AVX512-BF16")
+    from server.continuous_batching.model.linear import Linear
+
+    gen = torch.Generator().manual_seed(rows * k + n)
+    x = torch.randn(rows, k, generator=gen).bfloat16()
+    weight = torch.randn(n, k, generator=gen).bfloat16()
+    bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
+    linear = Linear(weight, bias, is_packed=True, kernels=kernels)
+    assert linear.kernels is kernels
+    out = linear(x)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
+    exact = x.double() @ weight.double().t() + (0 if bias is None else bias.double())
+    ulp = exact.abs().clamp_min(1e-3) * 2**-8  # one bf16 rounding, plus slack for the sums
+    assert ((out.double() - exact).abs() <= ulp).all()
+    torch.testing.assert_close(out, F.linear(x, weight, bias), atol=0.07, rtol=0.016)
+
+
 def test_build_failure_falls_back_to_torch_ops(monkeypatch, caplog) -> None:
     def broken(verbose: bool) -> None:
         raise OSError("g++: not found")

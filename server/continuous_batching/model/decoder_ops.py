@@ -26,6 +26,8 @@ class TorchDecoderOps:
     name = "torch"
     #: The PagedAttention backend for decode-only steps that goes with these ops.
     attention_backend: AttentionBackend = "torch"
+    #: The C++ extension behind the ops (its bf16 matmul also runs the model's linears).
+    module: ModuleType | None = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """RMSNorm of the residual stream x [T, N], returned in the weight's dtype."""

@@ -11,6 +11,8 @@ no host synchronisation happen inside the forward.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -87,8 +89,9 @@ class LlamaDecoderLayer(nn.Module):
         self.replaced: set[str] = set()
         self.finalize(is_packed=False)
 
-    def finalize(self, is_packed: bool) -> None:
-        """Build the dense matmul callables from the (loaded) parameters.
+    def finalize(self, is_packed: bool, kernels: ModuleType | None = None) -> None:
+        """Build the dense matmul callables from the (loaded) parameters (``kernels``: the
+        fused CPU extension, whose bf16 matmul then runs them; see ``Linear``).
 
         Prepacking is final: the plain weights are released (the packed copy replaces them),
         so the model holds each matrix once.
@@ -99,7 +102,7 @@ class LlamaDecoderLayer(nn.Module):
             param = getattr(self, weight)
             if param is None or param.numel() == 0:
                 raise RuntimeError("finalize() after prepacking: the plain weights are gone")
-            setattr(self, name, Linear(param, getattr(self, bias), is_packed))
+            setattr(self, name, Linear(param, getattr(self, bias), is_packed, kernels))
             if is_packed:
                 param.data = param.data.new_empty(0)
 
@@ -230,9 +233,10 @@ class LlamaForCausalLM(nn.Module):
         """Call once the weights are loaded: prepacks CPU matmul weights when possible
         (``prepack=None`` decides by device and dtype)."""
         is_packed = can_prepack(self.device, self.dtype) if prepack is None else prepack
+        kernels = self.decoder_ops.module
         for layer in self.layers:
-            layer.finalize(is_packed)
-        self.lm_head_linear = Linear(self.lm_head, None, is_packed)
+            layer.finalize(is_packed, kernels)
+        self.lm_head_linear = Linear(self.lm_head, None, is_packed, kernels)
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """Map each Hugging Face tensor name to (our parameter, first row, end row): fused

@@ -704,6 +704,133 @@ at::Tensor refine_logits(const at::Tensor& logits, const at::Tensor& hidden,
   return out;
 }
 
+// ---------------------------------------------------------------------------------------
+// bfloat16 matmul for the decoder's linear layers (x [M, K] . W[N, K]^T + bias -> [M, N]):
+// AVX512-BF16 dot products of bf16 pairs (exact products, float32 sums, one rounding). The
+// weight is packed once, column blocks of 16 with each K pair of them in one zmm:
+// [ceil(N/16), ceil(K/2), 16, 2], zero padded. A register tile of kGemmRows rows x kGemmBlocks
+// blocks keeps its sums in 24 registers; threads split the column blocks. Measured here
+// against oneDNN's prepacked matmul (bf16, 2 threads): 1.1-1.2x at 32 rows, 1.6-3x at 1 row
+// (oneDNN's per-call cost is ~15 us), even at 256 rows.
+#if defined(__AVX512BF16__)
+constexpr bool kHasBf16Gemm = true;
+constexpr int64_t kColBlock = 16;
+constexpr int kGemmRows = 4, kGemmBlocks = 6;
+
+at::Tensor pack_bf16_weight(const at::Tensor& w) {
+  TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16, "weight must be [N, K] bfloat16");
+  const auto wc = w.contiguous();
+  const int64_t n = wc.size(0), k = wc.size(1);
+  const int64_t nb = (n + kColBlock - 1) / kColBlock, kp = (k + 1) / 2;
+  auto out = at::zeros({nb, kp, kColBlock, 2}, wc.options());
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(wc.data_ptr<at::BFloat16>());
+  uint16_t* dst = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  at::parallel_for(0, nb, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b)
+      for (int64_t c = 0; c < kColBlock && b * kColBlock + c < n; ++c) {
+        const uint16_t* row = src + (b * kColBlock + c) * k;
+        for (int64_t i = 0; i < k; ++i) dst[((b * kp + i / 2) * kColBlock + c) * 2 + i % 2] = row[i];
+      }
+  });
+  return out;
+}
+
+// Rows [0, rows) (rows <= MR; FULL: rows == MR) of x against NV column blocks from b.
+template <int MR, int NV, bool FULL>
+inline void gemm_tile(const uint16_t* a, int64_t lda, const __m512bh* b, int64_t kp, int64_t k,
+                      const float* bias, int64_t n, int64_t col0, uint16_t* c, int64_t ldc,
+                      int64_t rows) {
+  __m512 acc[MR][NV];
+  for (int m = 0; m < MR; ++m)
+    for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_setzero_ps();
+  const int64_t num_pairs = k / 2;
+  for (int64_t p = 0; p < num_pairs; ++p) {
+    __m512bh bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = b[v * kp + p];
+    for (int m = 0; m < MR; ++m) {
+      if (!FULL && m >= rows) break;
+      int32_t pair;
+      std::memcpy(&pair, a + m * lda + 2 * p, sizeof(pair));
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(pair);
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
+    }
+  }
+  if (k % 2) {  // odd K: the last pair's second element is the zero padding
+    __m512bh bv[NV];
+    for (int v = 0; v < NV; ++v) bv[v] = b[v * kp + num_pairs];
+    for (int m = 0; m < MR; ++m) {
+      if (!FULL && m >= rows) break;
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(a[m * lda + k - 1]));
+      for (int v = 0; v < NV; ++v) acc[m][v] = _mm512_dpbf16_ps(acc[m][v], av, bv[v]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    const int64_t col = col0 + v * kColBlock, left = n - col;
+    if (left <= 0) break;
+    const __mmask16 mask = left >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << left) - 1u);
+    const __m512 bias_v = bias ? _mm512_maskz_loadu_ps(mask, bias + col) : _mm512_setzero_ps();
+    for (int m = 0; m < MR; ++m) {
+      if (!FULL && m >= rows) break;
+      const __m256bh r = _mm512_cvtneps_pbh(_mm512_add_ps(acc[m][v], bias_v));  // nearest even
+      _mm256_mask_storeu_epi16(c + m * ldc + col, mask, (__m256i)r);
+    }
+  }
+}
+
+at::Tensor bf16_linear(const at::Tensor& x, const at::Tensor& packed, int64_t n,
+                       const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.scalar_type() == at::kBFloat16,
+              "x must be [M, K] bfloat16 rows");
+  TORCH_CHECK(packed.dim() == 4 && packed.is_contiguous(), "packed weight expected");
+  const int64_t m = x.size(0), k = x.size(1), nb = packed.size(0), kp = packed.size(1);
+  TORCH_CHECK(kp == (k + 1) / 2 && nb == (n + kColBlock - 1) / kColBlock,
+              "the packed weight does not match x or n");
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0) return out;
+  at::Tensor bias_f;
+  const float* bp = nullptr;
+  if (bias && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias size");
+    bias_f = bias->to(at::kFloat).contiguous();
+    bp = bias_f.data_ptr<float>();
+  }
+  const uint16_t* a = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const __m512bh* b = reinterpret_cast<const __m512bh*>(packed.data_ptr<at::BFloat16>());
+  uint16_t* c = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  const int64_t lda = x.stride(0);
+  constexpr int MR = kGemmRows, NV = kGemmBlocks;
+  const int64_t num_groups = (nb + NV - 1) / NV;
+  at::parallel_for(0, num_groups, 1, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const int64_t j = g * NV;
+      if (j + NV > nb) {  // the last, narrower group: one block at a time
+        for (int64_t jj = j; jj < nb; ++jj)
+          for (int64_t r = 0; r < m; r += MR)
+            gemm_tile<MR, 1, false>(a + r * lda, lda, b + jj * kp, kp, k, bp, n, jj * kColBlock,
+                                    c + r * n, n, std::min<int64_t>(MR, m - r));
+        continue;
+      }
+      for (int64_t r = 0; r < m; r += MR) {
+        const int64_t rows = std::min<int64_t>(MR, m - r);
+        if (rows == MR)
+          gemm_tile<MR, NV, true>(a + r * lda, lda, b + j * kp, kp, k, bp, n, j * kColBlock,
+                                  c + r * n, n, rows);
+        else
+          gemm_tile<MR, NV, false>(a + r * lda, lda, b + j * kp, kp, k, bp, n, j * kColBlock,
+                                   c + r * n, n, rows);
+      }
+    }
+  });
+  return out;
+}
+#else
+constexpr bool kHasBf16Gemm = false;
+at::Tensor pack_bf16_weight(const at::Tensor&) { TORCH_CHECK(false, "built without AVX512-BF16"); }
+at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&, int64_t, const c10::optional<at::Tensor>&) {
+  TORCH_CHECK(false, "built without AVX512-BF16");
+}
+#endif
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -713,6 +840,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("add_rms_norm", &add_rms_norm, "x += delta (float32 x, in place), then RMSNorm of x");
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [T,2I] -> [T,I]");
   m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
+  m.attr("has_bf16_gemm") = kHasBf16Gemm;
+  m.def("pack_bf16_weight", &pack_bf16_weight, "W [N,K] bf16 -> the layout bf16_linear reads");
+  m.def("bf16_linear", &bf16_linear, "x [M,K] bf16 . W^T (+ bias) from a packed W -> [M,N] bf16",
+        py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none());
   m.def("refine_logits", &refine_logits,
         "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly");
 }
