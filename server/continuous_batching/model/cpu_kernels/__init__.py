@@ -1,16 +1,23 @@
 """Fused CPU kernels of the decoder, a C++ extension built on the machine that runs it.
 
-Four kernels (``cpu_kernels.cpp``) replace chains of small torch ops on a CPU:
+Its kernels (``cpu_kernels.cpp``) replace chains of small torch ops, and oneDNN's matmul, on
+a CPU:
 
-* ``paged_decode_attention``: decode attention read straight from the paged K/V cache through
-  the block tables (no gather copy; each row reads only its own context, so short rows never
-  pay for long ones);
-* ``rms_norm``: RMSNorm of the float32 residual stream, written in the model dtype;
+* ``paged_decode_attention``: attention read straight from the paged K/V cache through the
+  block tables, one row per query token (decode rows and prefill tokens alike; no gather copy,
+  each row reads only its own context, one pass with an online softmax);
+* ``rms_norm`` and ``add_rms_norm``: RMSNorm of the float32 residual stream (after adding a
+  layer's output to it), written in the model dtype;
 * ``silu_and_mul``: SiLU(gate) * up of the fused gate/up matmul;
-* ``rope_write_kv``: RoPE on q and k plus the step's K/V cache writes.
+* ``rope_write_kv``: RoPE on q and k plus the step's K/V cache writes;
+* ``refine_logits``: the 16-bit lm_head output widened to float32, each row's best candidates
+  recomputed exactly;
+* ``bf16_linear`` (CPUs with AVX512-BF16): the bfloat16 matmul of every linear layer, from
+  weights packed once by ``pack_bf16_weight``.
 
-They compute in float32 and round once, so they are at least as exact as the torch ops they
-replace, which stay the reference the tests compare them with and the path on other devices.
+They compute in float32 (products of bf16 pairs exactly) and round once, so they are at least
+as exact as the torch ops they replace, which stay the reference the tests compare them with
+and the path on other devices.
 
 The extension is compiled with ``torch.utils.cpp_extension`` (g++, ninja, ``-O3
 -march=native``) into a cache folder keyed by the source, torch version and CPU, so a machine

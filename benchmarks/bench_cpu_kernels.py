@@ -1,0 +1,157 @@
+"""Micro-benchmark: the fused CPU kernels' matmul and attention against what they replace.
+
+Run by hand (not a test), on a quiet machine:
+
+    .venv/bin/python benchmarks/bench_cpu_kernels.py [--model models/SmolLM2-135M-Instruct]
+        [--rows 1 32 64 256] [--rounds 7] [--threads 2]
+
+* **linear**: ``bf16_linear`` (the extension's AVX512-BF16 matmul, weights packed once)
+  against oneDNN's prepacked matmul (``torch.ops.mkldnn._linear_pointwise``, what the engine
+  used before) for the model's four layer shapes and its lm_head, bfloat16. Each layer shape
+  cycles through one weight per layer (as many as the model has), so weights come from memory
+  as in a real step, not from a warm cache.
+* **attention**: ``PagedAttention`` on the ``cpu`` backend (the kernel) against the torch path
+  (the reference), bfloat16, one cache per layer: decode steps of 32 sequences, a prefill of
+  ten 100-token prompts after a 30-token cached prefix, and one 1,000-token prompt.
+
+Each case alternates the two sides every round and prints median milliseconds and the speed-up
+(> 1: the kernel is faster). Needs the kernels built (``make kernels``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from server.continuous_batching.model import build_attention_metadata, cpu_kernels
+from server.continuous_batching.model.paged_attention import PagedAttention
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+BLOCK_SIZE = 16
+
+
+def median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
+    """Median wall time (ms) of each function, alternating between them every round."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def bench_linear(kernels, config: dict, rows: list[int], rounds: int) -> None:
+    """bf16_linear vs oneDNN prepacked, per layer shape; each call cycles over the layers."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or hidden // heads
+    num_layers = config["num_hidden_layers"]
+    shapes = {
+        "qkv": (hidden, (heads + 2 * kv_heads) * head_dim, num_layers),
+        "o_proj": (heads * head_dim, hidden, num_layers),
+        "gate_up": (hidden, 2 * inter, num_layers),
+        "down": (inter, hidden, num_layers),
+        "lm_head": (hidden, config["vocab_size"], 1),
+    }
+    print(f"\nlinear, bfloat16 (ms per call; {num_layers} weights per layer shape)")
+    print(f"{'shape':8s} {'K':>5s} {'N':>6s} {'rows':>5s} {'oneDNN':>8s} {'ours':>8s}  speed-up")
+    for name, (k, n, count) in shapes.items():
+        weights = [torch.randn(n, k).bfloat16() for _ in range(count)]
+        ours = [kernels.pack_bf16_weight(w) for w in weights]
+        onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights]
+        del weights
+        for m in rows:
+            x = torch.randn(m, k).bfloat16()
+
+            def run_ours(x: torch.Tensor = x, packed: list = ours, n: int = n) -> None:
+                for w in packed:
+                    kernels.bf16_linear(x, w, n)
+
+            def run_onednn(x: torch.Tensor = x, packed: list = onednn) -> None:
+                for w in packed:
+                    torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+            t = median_ms({"onednn": run_onednn, "ours": run_ours}, rounds)
+            a, b = t["onednn"] / count, t["ours"] / count
+            print(f"{name:8s} {k:5d} {n:6d} {m:5d} {a:8.3f} {b:8.3f} {a / b:8.2f}x")
+
+
+def _caches(num_layers: int, num_blocks: int, kv_heads: int, head_dim: int):
+    shape = (num_blocks * BLOCK_SIZE, kv_heads, head_dim)
+    return [
+        (torch.randn(shape).bfloat16(), torch.randn(shape).bfloat16()) for _ in range(num_layers)
+    ]
+
+
+def bench_attention(config: dict, rounds: int) -> None:
+    """The cpu backend against the torch path over all layers, decode and prefill shapes."""
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    num_layers = config["num_hidden_layers"]
+    cpu = torch.device("cpu")
+    # (label, query lens, context lens)
+    cases = [
+        ("decode 32 x ctx 160", [1] * 32, [152 + i % 17 for i in range(32)]),
+        ("decode 32 x ctx 400", [1] * 32, [392 + i % 17 for i in range(32)]),
+        ("prefill 10 x 100 (+30 cached)", [100] * 10, [130] * 10),
+        ("prefill 1 x 1000", [1000], [1000]),
+    ]
+    print(f"\nattention, bfloat16, all {num_layers} layers (ms per step; one cache per layer)")
+    print(f"{'case':32s} {'torch':>8s} {'kernel':>8s} {'speed-up':>9s}")
+    for label, query_lens, context_lens in cases:
+        blocks = [-(-n // BLOCK_SIZE) for n in context_lens]
+        order = (torch.randperm(sum(blocks)) + 1).tolist()  # scattered, as in a real pool
+        tables, start = [], 0
+        for b in blocks:
+            tables.append(order[start : start + b])
+            start += b
+        caches = _caches(num_layers, sum(blocks) + 1, kv_heads, head_dim)
+        q = torch.randn(sum(query_lens), heads, head_dim).bfloat16()
+        kernel_meta = build_attention_metadata(
+            query_lens, context_lens, tables, BLOCK_SIZE, cpu, True, kernel_takes_prefill=True
+        )
+        torch_meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, cpu)
+        kernel = PagedAttention(kernel_meta, heads, kv_heads, head_dim, torch.bfloat16, "cpu", 16)
+        reference = PagedAttention(torch_meta, heads, kv_heads, head_dim, torch.bfloat16)
+        sides = {"torch": reference, "kernel": kernel}
+        t = median_ms(
+            {
+                name: lambda a=attention, q=q, caches=caches: [a(q, k, v) for k, v in caches]
+                for name, attention in sides.items()
+            },
+            rounds,
+        )
+        print(f"{label:32s} {t['torch']:8.2f} {t['kernel']:8.2f} {t['torch'] / t['kernel']:8.2f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default=str(REPO_ROOT / "models" / "SmolLM2-135M-Instruct"))
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 256])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    kernels = cpu_kernels.load(verbose=True)
+    if kernels is None:
+        raise SystemExit("the fused CPU kernels are not available (make kernels)")
+    config = json.loads((Path(args.model) / "config.json").read_text())
+    print(f"threads={args.threads} model={args.model}")
+    if kernels.has_bf16_gemm:
+        bench_linear(kernels, config, args.rows, args.rounds)
+    else:
+        print("\nlinear: skipped, this CPU has no AVX512-BF16")
+    bench_attention(config, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
