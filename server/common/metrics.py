@@ -29,8 +29,9 @@ _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 12
 _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5)
 
 
-class _LoadCollector(Collector):
-    """Reads the backend's load report and counters at scrape time, so nothing is stale."""
+class LoadCollector(Collector):
+    """Reads a server's load report and counters at scrape time, so nothing is stale: the
+    ``llm_`` gauges and counters every model and embedding server exports."""
 
     def __init__(
         self, read_load: Callable[[], LoadReport], read_counters: Callable[[], dict[str, float]]
@@ -87,7 +88,7 @@ class ServerMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self.registry.register(_LoadCollector(read_load, read_counters))
+        self.registry.register(LoadCollector(read_load, read_counters))
         self.vllm = VllmMetrics(self.registry, model_name, read_load)
 
     def prompt(self, num_tokens: int) -> None:

@@ -29,7 +29,7 @@ E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 4
 FINISHED_REASONS = ("stop", "length", "abort")
 
 
-class _VllmLoadCollector(Collector):
+class VllmLoadCollector(Collector):
     """The queue and cache gauges, read from the backend's load report at scrape time."""
 
     def __init__(self, model_name: str, read_load: Callable[[], LoadReport]) -> None:
@@ -109,7 +109,7 @@ class VllmMetrics:
             "Histogram of end to end request latency in seconds.",
             E2E_BUCKETS,
         )
-        registry.register(_VllmLoadCollector(model_name, read_load))
+        registry.register(VllmLoadCollector(model_name, read_load))
 
     def finished(self, reason: str) -> None:
         """Count one finished sequence (one choice) by vLLM's finished reason."""

@@ -3,7 +3,7 @@ gateway (and vLLM's dashboards) read the queue from."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from prometheus_client import (
     CollectorRegistry,
@@ -12,42 +12,16 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
-from prometheus_client.registry import Collector
 
 from protocol.health import LoadReport
+from server.common.metrics import LoadCollector
+from server.common.vllm_metrics import VllmLoadCollector
 
 # The *_created series only add noise to a scrape.
 disable_created_metrics()
 
 _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
-
-
-class _QueueCollector(Collector):
-    """The queue at scrape time, as ``llm_num_*`` and vLLM's gauges."""
-
-    def __init__(
-        self,
-        read_load: Callable[[], LoadReport],
-        read_counters: Callable[[], dict[str, float]],
-        model_name: str,
-    ) -> None:
-        self._read_load = read_load
-        self._read_counters = read_counters
-        self._model_name = model_name
-
-    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        load = self._read_load()
-        for name, value in (("num_waiting", load.num_waiting), ("num_running", load.num_running)):
-            yield GaugeMetricFamily(f"llm_{name}", f"Inputs {name[4:]}", value)
-            vllm = GaugeMetricFamily(
-                f"vllm:num_requests_{name[4:]}", f"Inputs {name[4:]}", labels=["model_name"]
-            )
-            vllm.add_metric([self._model_name], value)
-            yield vllm
-        for name, value in self._read_counters().items():
-            yield CounterMetricFamily(f"llm_{name}", name.replace("_", " "), value)
 
 
 class EmbeddingMetrics:
@@ -86,7 +60,9 @@ class EmbeddingMetrics:
             registry=self.registry,
         )
         self.model_name = model_name
-        self.registry.register(_QueueCollector(read_load, read_counters, model_name))
+        # The same load gauges as every model server: ours and vLLM's (the gateway reads those).
+        self.registry.register(LoadCollector(read_load, read_counters))
+        self.registry.register(VllmLoadCollector(model_name, read_load))
 
     def observe(self, num_inputs: int, num_tokens: int) -> None:
         """One request embedded."""
