@@ -323,16 +323,22 @@ def vllm_server(args: argparse.Namespace, model: Path, work: Path) -> Iterator[s
 
 
 def bench_vllm_client(
-    args: argparse.Namespace, base: str, rate: float, num_prompts: int, output_len: int, log: Path
+    args: argparse.Namespace,
+    base: str,
+    rate: float,
+    num_prompts: int,
+    output_len: int,
+    log: Path,
+    seed: int,
 ) -> dict[str, Any]:
-    """One ``vllm bench serve`` run (random dataset, streaming completions, ``ignore_eos``);
-    its metrics in the keys of :func:`summary_row`."""
+    """One ``vllm bench serve`` run (random dataset drawn with ``seed``, streaming completions,
+    ``ignore_eos``); its metrics in the keys of :func:`summary_row`."""
     out = log.with_suffix(".json")
     bench = [str(args.vllm_venv / "bin" / "vllm"), "bench", "serve", "--backend", "vllm"]
     bench += ["--base-url", base, "--endpoint", "/v1/completions", "--model", args.model_name]
     bench += ["--tokenizer", str(args.tokenizer), "--dataset-name", "random"]
     bench += ["--random-input-len", str(args.input_len), "--random-output-len", str(output_len)]
-    bench += ["--num-prompts", str(num_prompts), "--request-rate", str(rate), "--seed", "0"]
+    bench += ["--num-prompts", str(num_prompts), "--request-rate", str(rate), "--seed", str(seed)]
     # Greedy, as our client asks: vllm bench serve 0.32 leaves the temperature to the server.
     bench += ["--temperature", "0", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el"]
     bench += ["--metric-percentiles", "50,90,99", "--disable-tqdm", "--save-result"]
@@ -352,14 +358,21 @@ def bench_vllm_client(
 
 
 def bench_our_client(
-    args: argparse.Namespace, base: str, rate: float, num_prompts: int, output_len: int, log: Path
+    args: argparse.Namespace,
+    base: str,
+    rate: float,
+    num_prompts: int,
+    output_len: int,
+    log: Path,
+    seed: int,
 ) -> dict[str, Any]:
-    """One ``benchmarks/serving.py`` run (our prompt set, streaming chat, ``ignore_eos``)."""
+    """One ``benchmarks/serving.py`` run (our fixed prompt set, streaming chat, ``ignore_eos``;
+    ``seed`` draws the arrival times: the prompts are the same in every run)."""
     out = log.with_suffix(".json")
     cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "serving.py"), "--base-url", base + "/v1"]
     cmd += ["--model", args.model_name, "--rate", str(rate), "--num-requests", str(num_prompts)]
-    cmd += ["--max-tokens", str(output_len), "--ignore-eos", "--seed", "0", "--json", str(out)]
-    cmd += ["--timeout", str(args.timeout)]
+    cmd += ["--max-tokens", str(output_len), "--ignore-eos", "--seed", str(seed)]
+    cmd += ["--json", str(out), "--timeout", str(args.timeout)]
     run_logged(cmd, log, args.timeout)
     got = json.loads(out.read_text())
     return {
@@ -385,20 +398,36 @@ ROW_METRICS = (
 )
 
 
+#: The warm-up's prompts: drawn apart from every measured run's.
+WARMUP_SEED = 999_999
+
+
+def run_seed(round_: int, rate_index: int) -> int:
+    """The seed of one measured run: distinct per (round, rate), equal across servers."""
+    return 1 + rate_index + 1000 * round_
+
+
 def measure_server(
     args: argparse.Namespace, side: str, base: str, work: Path, round_: int, records: list[dict]
 ) -> None:
     """Warm ``base`` up (4 short requests), then every client at every rate; appends one record
-    per run to ``records`` as it goes (a later failure keeps the runs already made)."""
+    per run to ``records`` as it goes (a later failure keeps the runs already made).
+
+    Each run draws its own prompts (vllm client: seed = ``run_seed``), the same ones for both
+    servers: with one seed for all runs, every run after the first would find its prompts in
+    the servers' prefix caches and measure cached prefills."""
     for client in args.client:
         bench = CLIENTS[client]
-        bench(args, base, math.inf, 4, 16, work / f"warmup_{side}_{client}_{round_}.log")
-        for rate in args.rates:
+        warmup_log = work / f"warmup_{side}_{client}_{round_}.log"
+        bench(args, base, math.inf, 4, 16, warmup_log, WARMUP_SEED)
+        for index, rate in enumerate(args.rates):
             waited = wait_for_quiet_machine(args.wait_for_load)
             load = load_average()
             log = work / f"{side}_{client}_rate{rate:g}_round{round_}.log"
-            got = bench(args, base, rate, args.num_prompts, args.output_len, log)
+            seed = run_seed(round_, index)
+            got = bench(args, base, rate, args.num_prompts, args.output_len, log, seed)
             records.append({"side": side, "client": client, "rate": rate, "round": round_,
+                            "seed": seed,
                             "load_average_at_start": load, "waited_for_load_seconds": waited,
                             **got})  # fmt: skip
             print(f"{side} / {client} client / rate {rate:g}: "

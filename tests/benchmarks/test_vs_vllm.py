@@ -2,7 +2,8 @@
 
 What is checked: the environment script gives every vLLM run the shim, the thread binding and
 the KV space (the comparison is meaningless without them); the serving ratios pair each of our
-runs with vLLM's run of the same client, rate and round; the tables print with missing values;
+runs with vLLM's run of the same client, rate and round; each run draws prompts of its own;
+the tables print with missing values;
 and the command line refuses to start without a vLLM venv.
 """
 
@@ -91,3 +92,10 @@ def test_offline_table_prints_with_one_side(capsys: pytest.CaptureFixture) -> No
 def test_refuses_to_run_without_a_vllm_venv(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         vs_vllm.parse_args(["offline", "--vllm-venv", str(tmp_path / "none")])
+
+
+def test_each_run_draws_its_own_prompts() -> None:
+    # One seed for all runs would let every run after the first hit the prefix caches.
+    seeds = [vs_vllm.run_seed(r, i) for r in range(3) for i in range(6)]
+    assert len(set(seeds)) == len(seeds)
+    assert vs_vllm.WARMUP_SEED not in seeds
