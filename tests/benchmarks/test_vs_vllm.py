@@ -3,8 +3,8 @@
 What is checked: the environment script gives every vLLM run the shim, the thread binding and
 the KV space (the comparison is meaningless without them); the serving ratios pair each of our
 runs with vLLM's run of the same client, rate and round; each run draws prompts of its own;
-the tables print with missing values;
-and the command line refuses to start without a vLLM venv.
+the tables print with missing values; and the command line refuses to start without a vLLM
+venv.
 """
 
 from __future__ import annotations
