@@ -24,7 +24,9 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -62,12 +64,31 @@ def _log(message: str) -> None:
     print(f"[prepare_model] {message}", flush=True)
 
 
+#: Set by Ctrl-C (see ``_on_interrupt``).
+_interrupted = threading.Event()
+
+
+def _on_interrupt(signum: int, frame: Any) -> None:
+    """SIGINT: remember it, then raise KeyboardInterrupt as Python's default handler does. A
+    library that swallows the exception (seen once in the GGUF tokenizer load) cannot lose the
+    interrupt: the next step boundary raises it again."""
+    _interrupted.set()
+    signal.default_int_handler(signum, frame)
+
+
+def _raise_if_interrupted() -> None:
+    if _interrupted.is_set():
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def _step(title: str) -> Iterator[None]:
-    """Log a step with its wall-clock duration."""
+    """Log a step with its wall-clock duration (and stop there if Ctrl-C was pressed)."""
+    _raise_if_interrupted()
     _log(f"{title} ...")
     start = time.perf_counter()
     yield
+    _raise_if_interrupted()
     _log(f"{title}: done in {time.perf_counter() - start:.1f} s")
 
 
@@ -364,6 +385,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-verify", action="store_true", help="skip the greedy chat check after writing"
     )
     args = parser.parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, _on_interrupt)
     try:
         prepare_model(args.output, force=args.force, verify=not args.no_verify)
     except PrepareModelError as exc:
