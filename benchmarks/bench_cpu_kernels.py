@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,20 +33,14 @@ from server.continuous_batching.model import build_attention_metadata, cpu_kerne
 from server.continuous_batching.model.paged_attention import PagedAttention
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-BLOCK_SIZE = 16
+sys.path.insert(0, str(REPO_ROOT))  # run as a script: make ``benchmarks`` importable
+
+from benchmarks.bench_model_step import BLOCK_SIZE, time_interleaved  # noqa: E402
 
 
 def median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:
     """Median wall time (ms) of each function, alternating between them every round."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append((time.perf_counter() - start) * 1e3)
-    return {name: statistics.median(t) for name, t in times.items()}
+    return {name: statistics.median(t) for name, t in time_interleaved(fns, rounds).items()}
 
 
 def bench_linear(kernels, config: dict, rows: list[int], rounds: int) -> None:

@@ -43,6 +43,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -322,32 +323,37 @@ def vllm_server(args: argparse.Namespace, model: Path, work: Path) -> Iterator[s
                 process.wait()
 
 
-def bench_vllm_client(
-    args: argparse.Namespace,
-    base: str,
-    rate: float,
-    num_prompts: int,
-    output_len: int,
-    log: Path,
-    seed: int,
-) -> dict[str, Any]:
-    """One ``vllm bench serve`` run (random dataset drawn with ``seed``, streaming completions,
-    ``ignore_eos``); its metrics in the keys of :func:`summary_row`."""
-    out = log.with_suffix(".json")
+@dataclass(frozen=True)
+class ClientRun:
+    """One client run against one server: where, how fast, how much, and where its log goes."""
+
+    base: str
+    rate: float
+    num_prompts: int
+    output_len: int
+    log: Path
+    seed: int  # draws the prompts (vllm client) or the arrival times (ours)
+
+
+def bench_vllm_client(args: argparse.Namespace, run: ClientRun) -> dict[str, Any]:
+    """One ``vllm bench serve`` run (random dataset drawn with ``run.seed``, streaming
+    completions, ``ignore_eos``); its metrics in the keys of :func:`summary_row`."""
+    out = run.log.with_suffix(".json")
     bench = [str(args.vllm_venv / "bin" / "vllm"), "bench", "serve", "--backend", "vllm"]
-    bench += ["--base-url", base, "--endpoint", "/v1/completions", "--model", args.model_name]
+    bench += ["--base-url", run.base, "--endpoint", "/v1/completions", "--model", args.model_name]
     bench += ["--tokenizer", str(args.tokenizer), "--dataset-name", "random"]
-    bench += ["--random-input-len", str(args.input_len), "--random-output-len", str(output_len)]
-    bench += ["--num-prompts", str(num_prompts), "--request-rate", str(rate), "--seed", str(seed)]
+    bench += ["--random-input-len", str(args.input_len), "--random-output-len", str(run.output_len)]
+    bench += ["--num-prompts", str(run.num_prompts), "--request-rate", str(run.rate)]
+    bench += ["--seed", str(run.seed)]
     # Greedy, as our client asks: vllm bench serve 0.32 leaves the temperature to the server.
     bench += ["--temperature", "0", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el"]
     bench += ["--metric-percentiles", "50,90,99", "--disable-tqdm", "--save-result"]
     bench += ["--result-dir", str(out.parent), "--result-filename", out.name]
-    run_logged(vllm_command(args.vllm_venv, bench), log, args.timeout)
+    run_logged(vllm_command(args.vllm_venv, bench), run.log, args.timeout)
     got = json.loads(out.read_text())
     return {
         "completed": got.get("completed"),
-        "failed": got.get("failed", num_prompts - (got.get("completed") or 0)),
+        "failed": got.get("failed", run.num_prompts - (got.get("completed") or 0)),
         "ttft_p50_ms": got.get("median_ttft_ms"),
         "ttft_p99_ms": got.get("p99_ttft_ms"),
         "tpot_p50_ms": got.get("median_tpot_ms"),
@@ -357,23 +363,16 @@ def bench_vllm_client(
     }
 
 
-def bench_our_client(
-    args: argparse.Namespace,
-    base: str,
-    rate: float,
-    num_prompts: int,
-    output_len: int,
-    log: Path,
-    seed: int,
-) -> dict[str, Any]:
+def bench_our_client(args: argparse.Namespace, run: ClientRun) -> dict[str, Any]:
     """One ``benchmarks/serving.py`` run (our fixed prompt set, streaming chat, ``ignore_eos``;
-    ``seed`` draws the arrival times: the prompts are the same in every run)."""
-    out = log.with_suffix(".json")
-    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "serving.py"), "--base-url", base + "/v1"]
-    cmd += ["--model", args.model_name, "--rate", str(rate), "--num-requests", str(num_prompts)]
-    cmd += ["--max-tokens", str(output_len), "--ignore-eos", "--seed", str(seed)]
+    ``run.seed`` draws the arrival times: the prompts are the same in every run)."""
+    out = run.log.with_suffix(".json")
+    script = REPO_ROOT / "benchmarks" / "serving.py"
+    cmd = [sys.executable, str(script), "--base-url", run.base + "/v1", "--model", args.model_name]
+    cmd += ["--rate", str(run.rate), "--num-requests", str(run.num_prompts)]
+    cmd += ["--max-tokens", str(run.output_len), "--ignore-eos", "--seed", str(run.seed)]
     cmd += ["--json", str(out), "--timeout", str(args.timeout)]
-    run_logged(cmd, log, args.timeout)
+    run_logged(cmd, run.log, args.timeout)
     got = json.loads(out.read_text())
     return {
         "completed": got["completed"],
@@ -419,13 +418,14 @@ def measure_server(
     for client in args.client:
         bench = CLIENTS[client]
         warmup_log = work / f"warmup_{side}_{client}_{round_}.log"
-        bench(args, base, math.inf, 4, 16, warmup_log, WARMUP_SEED)
+        bench(args, ClientRun(base, math.inf, 4, 16, warmup_log, WARMUP_SEED))
         for index, rate in enumerate(args.rates):
             waited = wait_for_quiet_machine(args.wait_for_load)
             load = load_average()
             log = work / f"{side}_{client}_rate{rate:g}_round{round_}.log"
             seed = run_seed(round_, index)
-            got = bench(args, base, rate, args.num_prompts, args.output_len, log, seed)
+            run = ClientRun(base, rate, args.num_prompts, args.output_len, log, seed)
+            got = bench(args, run)
             records.append({"side": side, "client": client, "rate": rate, "round": round_,
                             "seed": seed,
                             "load_average_at_start": load, "waited_for_load_seconds": waited,

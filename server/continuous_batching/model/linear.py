@@ -71,6 +71,8 @@ class Linear:
         )
         if self.kernels is not None:
             self.weight = self.kernels.pack_bf16_weight(weight)
+            # The kernel adds a float32 bias: converted once here, not on every call.
+            self.bias = None if bias is None else bias.float()
         elif is_packed:
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, _PACK_BATCH_HINT)
         else:

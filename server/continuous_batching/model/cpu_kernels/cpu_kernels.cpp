@@ -453,6 +453,13 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
 }
 
 // ---------------------------------------------------------------------------------------
+// dst = RMSNorm(x) * w for one float32 row, rounded once to W.
+template <typename W>
+inline void write_rms_normed(const float* x, const float* w, int64_t n, double eps, W* dst) {
+  const float inv = 1.0f / std::sqrt(dot(x, x, n) / n + static_cast<float>(eps));
+  for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<W>(x[i] * inv * w[i]);
+}
+
 // RMSNorm of the residual stream x [T, N] (float32 or the model dtype) with weight [N], written
 // in the weight's dtype: one pass instead of torch's pow/mean/rsqrt/mul/mul/cast.
 template <typename X, typename W>
@@ -466,9 +473,7 @@ void rms_norm_impl(const at::Tensor& x, const at::Tensor& weight, double eps, at
     load_row(wp, wf.data(), n);
     for (int64_t t = begin; t < end; ++t) {
       load_row(xp + t * xs, xf.data(), n);
-      const float inv = 1.0f / std::sqrt(dot(xf.data(), xf.data(), n) / n + static_cast<float>(eps));
-      W* dst = op + t * n;
-      for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<W>(xf[i] * inv * wf[i]);
+      write_rms_normed(xf.data(), wf.data(), n, eps, op + t * n);
     }
   });
 }
@@ -503,9 +508,7 @@ void add_rms_norm_impl(at::Tensor& x, const at::Tensor& delta, const at::Tensor&
       float* xr = xp + t * xs;
       load_row(dp + t * ds, df.data(), n);
       for (int64_t i = 0; i < n; ++i) xr[i] += df[i];
-      const float inv = 1.0f / std::sqrt(dot(xr, xr, n) / n + static_cast<float>(eps));
-      W* dst = op + t * n;
-      for (int64_t i = 0; i < n; ++i) dst[i] = from_f32<W>(xr[i] * inv * wf[i]);
+      write_rms_normed(xr, wf.data(), n, eps, op + t * n);
     }
   });
 }
