@@ -837,18 +837,16 @@ at::Tensor bf16_linear(const at::Tensor&, const at::Tensor&, int64_t, const c10:
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  // Pure C++ on tensors: the GIL is released, so the server's event loop runs meanwhile.
-  using NoGil = py::call_guard<py::gil_scoped_release>;
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D])", NoGil());
-  m.def("rms_norm", &rms_norm, "RMSNorm of [T,N] rows, output in the weight's dtype", NoGil());
-  m.def("add_rms_norm", &add_rms_norm, "x += delta (float32 x, in place), then RMSNorm of x", NoGil());
-  m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [T,2I] -> [T,I]", NoGil());
-  m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots", NoGil());
+        "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D])");
+  m.def("rms_norm", &rms_norm, "RMSNorm of [T,N] rows, output in the weight's dtype");
+  m.def("add_rms_norm", &add_rms_norm, "x += delta (float32 x, in place), then RMSNorm of x");
+  m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [T,2I] -> [T,I]");
+  m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
   m.attr("has_bf16_gemm") = kHasBf16Gemm;
-  m.def("pack_bf16_weight", &pack_bf16_weight, "W [N,K] bf16 -> the layout bf16_linear reads", NoGil());
-  m.def("bf16_linear", &bf16_linear, "x [M,K] bf16 . W^T (+ bias) from a packed W -> [M,N] bf16", NoGil(),
+  m.def("pack_bf16_weight", &pack_bf16_weight, "W [N,K] bf16 -> the layout bf16_linear reads");
+  m.def("bf16_linear", &bf16_linear, "x [M,K] bf16 . W^T (+ bias) from a packed W -> [M,N] bf16",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none());
   m.def("refine_logits", &refine_logits,
-        "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly", NoGil());
+        "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly");
 }
