@@ -80,7 +80,7 @@ class EngineProfiler:
         self._wrap(engine.scheduler, "on_step_done", "schedule")
         self._wrap(engine.decoder, "decode_step", "decode")
         self._wrap(engine.runner, "execute", "execute", self._on_execute)
-        self._wrap(model_runner, "build_attention_metadata", "metadata")
+        self._wrap(model_runner, "plan_attention", "metadata")
         self._wrap(engine.runner.model, "forward", "forward")
         self._wrap(engine.runner.model, "compute_logits", "logits")
 

@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import logging
 
-import numpy as np
 import torch
 
 from server.continuous_batching.decode_buckets import DecodeInputs, pad_decode_inputs
 from server.continuous_batching.model.attention import AttentionMetadata, DecodeTables
 from server.continuous_batching.model.llama import LlamaForCausalLM
+from server.continuous_batching.step_upload import StaticDecodeBuffers
 
 logger = logging.getLogger(__name__)
 
@@ -44,16 +44,16 @@ class DecodeGraphs:
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.dummy_block = dummy_block
-        num_rows = self.buckets[-1]
-        device = model.device
         self.max_blocks = -(-max_model_len // block_size)
-        self.input_ids = torch.zeros(num_rows, dtype=torch.long, device=device)
-        self.positions = torch.zeros(num_rows, dtype=torch.long, device=device)
-        self.slot_mapping = torch.zeros(num_rows, dtype=torch.long, device=device)
-        self.block_tables = torch.zeros(
-            (num_rows, self.max_blocks), dtype=torch.int32, device=device
+        #: The graphs' inputs: views of one device buffer, filled by one copy per step.
+        self.inputs = StaticDecodeBuffers(
+            self.buckets[-1], self.max_blocks, block_size, dummy_block, model.device
         )
-        self.context_lens = torch.ones(num_rows, dtype=torch.int32, device=device)
+        self.input_ids = self.inputs.input_ids
+        self.positions = self.inputs.positions
+        self.slot_mapping = self.inputs.slot_mapping
+        self.block_tables = self.inputs.block_tables
+        self.context_lens = self.inputs.context_lens
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
 
@@ -98,22 +98,10 @@ class DecodeGraphs:
         logger.info("CUDA graphs captured for decode batch sizes %s", self.buckets)
 
     def _fill(self, inputs: DecodeInputs) -> None:
-        """Copy a (padded) step into the static buffers (one host-to-device copy each)."""
-        size = inputs.num_seqs
-        table = np.full((size, self.max_blocks), self.dummy_block, dtype=np.int32)
-        for row, blocks in enumerate(inputs.block_tables):
-            table[row, : len(blocks)] = blocks
-        positions = np.asarray(inputs.positions, dtype=np.int64)
-        blocks = table[np.arange(size), positions // self.block_size].astype(np.int64)
-        slots = blocks * self.block_size + positions % self.block_size
-        for buffer, values in (
-            (self.input_ids, torch.tensor(inputs.input_ids, dtype=torch.long)),
-            (self.positions, torch.from_numpy(positions)),
-            (self.slot_mapping, torch.from_numpy(slots)),
-            (self.block_tables, torch.from_numpy(table)),
-            (self.context_lens, torch.tensor(inputs.context_lens, dtype=torch.int32)),
-        ):
-            buffer[:size].copy_(values)
+        """Copy a (padded) step into the static buffers (one host-to-device copy)."""
+        self.inputs.fill(
+            inputs.input_ids, inputs.positions, inputs.context_lens, inputs.block_tables
+        )
 
     def run(self, padded: DecodeInputs) -> torch.Tensor:
         """Replay the graph of ``padded``'s bucket; hidden states [bucket, hidden] (a view of

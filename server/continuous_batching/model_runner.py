@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import torch
 
 from server.continuous_batching.block_manager import BlockOps
@@ -17,9 +18,10 @@ from server.continuous_batching.decode_buckets import (
     pad_decode_inputs,
 )
 from server.continuous_batching.engine_config import EngineConfig
-from server.continuous_batching.model.attention import build_attention_metadata
+from server.continuous_batching.model.attention import plan_attention
 from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
 from server.continuous_batching.scheduler import SchedulerOutput
+from server.continuous_batching.step_upload import StepUploader
 from server.continuous_batching.weights import load_model
 
 logger = logging.getLogger(__name__)
@@ -63,6 +65,8 @@ class ModelRunner:
         self.kv_caches = self._allocate(self.num_blocks + 1, self.device)
         self.cpu_kv_caches = self._allocate(cache.num_blocks_cpu, torch.device("cpu"))
         self._block_offsets = torch.arange(self.block_size, device=self.device)
+        #: Puts an eager step's arrays on the device (one copy from pinned memory on cuda).
+        self.uploader = StepUploader(self.device)
         logger.info(
             "KV cache: %d device blocks + %d CPU blocks of %d tokens (%.1f MiB per block set)",
             self.num_blocks,
@@ -164,11 +168,15 @@ class ModelRunner:
         if bucket is not None:
             decode = DecodeInputs(input_ids, positions, context_lens, block_tables)
             hidden = self._decode_padded(pad_decode_inputs(decode, bucket, self.dummy_block))
-        else:
-            hidden = self._forward(input_ids, positions, query_lens, context_lens, block_tables)
+            if sample_rows == list(range(num_seqs)):  # all decodes: no index to upload
+                return self.model.compute_logits(hidden[:num_seqs])
+            (rows,) = self.uploader.upload([np.asarray(sample_rows, dtype=np.int64)])
+            return self.model.compute_logits(hidden[rows])
+        hidden, rows = self._forward(
+            input_ids, positions, query_lens, context_lens, block_tables, sample_rows
+        )
         if not sample_rows:
             return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32)
-        rows = torch.tensor(sample_rows, dtype=torch.long, device=self.device)
         return self.model.compute_logits(hidden[rows])
 
     def _forward(
@@ -178,34 +186,42 @@ class ModelRunner:
         query_lens: list[int],
         context_lens: list[int],
         block_tables: list[list[int]],
-    ) -> torch.Tensor:
-        """One eager forward over the flat token axis: hidden states [num_tokens, hidden]."""
-        attn = build_attention_metadata(
+        sample_rows: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One eager forward over the flat token axis: hidden states [num_tokens, hidden],
+        and ``sample_rows`` as a device tensor (uploaded with the step's other arrays)."""
+        attention = plan_attention(
             query_lens,
             context_lens,
             block_tables,
             self.block_size,
-            self.device,
             with_decode_tables=self.attention_backend != "torch",
             kernel_takes_prefill=self.attention_backend == "cpu",
         )
-        return self.model(
-            torch.tensor(input_ids, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
-            self.kv_caches,
-            attn,
-            block_size=self.block_size,
+        ids, pos, rows, *metadata = self.uploader.upload(
+            [
+                np.asarray(input_ids, dtype=np.int64),
+                np.asarray(positions, dtype=np.int64),
+                np.asarray(sample_rows, dtype=np.int64),
+                *attention.arrays(),
+            ]
         )
+        hidden = self.model(
+            ids, pos, self.kv_caches, attention.to_metadata(metadata), block_size=self.block_size
+        )
+        return hidden, rows
 
     def _decode_padded(self, padded: DecodeInputs) -> torch.Tensor:
         """A decode step padded to its bucket: a graph replay on CUDA, else the same padded
         rows eagerly. Returns hidden states for all padded rows (the real ones come first)."""
         if self.decode_graphs is not None:
             return self.decode_graphs.run(padded)
-        return self._forward(
+        hidden, _ = self._forward(
             padded.input_ids,
             padded.positions,
             [1] * padded.num_seqs,
             padded.context_lens,
             padded.block_tables,
+            [],
         )
+        return hidden

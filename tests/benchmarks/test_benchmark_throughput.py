@@ -84,4 +84,4 @@ def test_throughput_smoke(default_model_path: Path, tmp_path: Path) -> None:
         "other",
     }
     # The profiler's wrappers are gone once the run is over.
-    assert model_runner.build_attention_metadata is attention.build_attention_metadata
+    assert model_runner.plan_attention is attention.plan_attention

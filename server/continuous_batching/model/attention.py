@@ -6,8 +6,8 @@ one batched kernel serves the whole group. Keys are always read back from the pa
 through ``kv_slots`` (slot = block_id * block_size + offset), which is what makes a prompt
 split into chunks over several steps behave exactly like one long prefill.
 
-Everything here is built with numpy on the host, once per step, then turned into tensors with
-one copy per field: the forward pass itself never loops over sequences.
+Everything here is planned with numpy on the host, once per step (:func:`plan_attention`), then
+turned into tensors by the runner in one upload: the forward pass never loops over sequences.
 """
 
 from __future__ import annotations
@@ -89,6 +89,64 @@ def _split_groups(seq_ids: np.ndarray, q: np.ndarray, ctx: np.ndarray) -> list[n
     return [np.sort(np.asarray(g, dtype=np.int64)) for g in groups]
 
 
+@dataclass
+class _HostGroup:
+    """An :class:`AttentionGroup` as numpy arrays, before the step's upload."""
+
+    token_index: np.ndarray
+    query_valid: np.ndarray
+    kv_slots: np.ndarray
+    mask: np.ndarray
+    block_table: np.ndarray
+    token_range: tuple[int, int] | None
+
+
+@dataclass
+class AttentionPlan:
+    """A step's attention metadata on the host: numpy arrays, uploaded together by the runner
+    (:meth:`arrays` gives them in a fixed order, :meth:`to_metadata` takes the tensors back)."""
+
+    num_tokens: int
+    slot_mapping: np.ndarray
+    groups: list[_HostGroup]
+    output_index: np.ndarray | None = None
+    decode_block_tables: np.ndarray | None = None
+    decode_context_lens: np.ndarray | None = None
+    max_context_len: int = 0
+
+    def arrays(self) -> list[np.ndarray]:
+        """Every array of the plan, in the order :meth:`to_metadata` reads them back."""
+        arrays = [self.slot_mapping]
+        if self.output_index is not None:
+            arrays.append(self.output_index)
+        if self.decode_block_tables is not None and self.decode_context_lens is not None:
+            arrays += [self.decode_block_tables, self.decode_context_lens]
+        for g in self.groups:
+            arrays += [g.token_index, g.query_valid, g.kv_slots, g.mask, g.block_table]
+        return arrays
+
+    def to_metadata(self, tensors: list[torch.Tensor]) -> AttentionMetadata:
+        """The metadata over ``tensors``: the device copies of :meth:`arrays`, same order."""
+        it = iter(tensors)
+        slot_mapping = next(it)
+        output_index = next(it) if self.output_index is not None else None
+        decode = None
+        if self.decode_block_tables is not None:
+            decode = DecodeTables(next(it), next(it), self.max_context_len)
+        groups = [
+            AttentionGroup(
+                token_index=next(it),
+                query_valid=next(it),
+                kv_slots=next(it),
+                mask=next(it),
+                block_table=next(it),
+                token_range=g.token_range,
+            )
+            for g in self.groups
+        ]
+        return AttentionMetadata(slot_mapping, groups, output_index, self.num_tokens, decode)
+
+
 def build_attention_metadata(
     query_lens: list[int],
     context_lens: list[int],
@@ -98,7 +156,23 @@ def build_attention_metadata(
     with_decode_tables: bool = False,
     kernel_takes_prefill: bool = False,
 ) -> AttentionMetadata:
-    """Build the step's metadata.
+    """:func:`plan_attention` with each array copied to ``device`` on its own (tests, tools;
+    the runner uploads a step's arrays in one copy)."""
+    plan = plan_attention(
+        query_lens, context_lens, block_tables, block_size, with_decode_tables, kernel_takes_prefill
+    )
+    return plan.to_metadata([torch.from_numpy(a).to(device) for a in plan.arrays()])
+
+
+def plan_attention(
+    query_lens: list[int],
+    context_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    with_decode_tables: bool = False,
+    kernel_takes_prefill: bool = False,
+) -> AttentionPlan:
+    """Plan the step's attention metadata (numpy; see :class:`AttentionPlan`).
 
     Sequence i owns ``query_lens[i]`` consecutive rows of the flat token axis (sequences in
     order) at positions ``context_lens[i] - query_lens[i] .. context_lens[i] - 1``;
@@ -131,15 +205,13 @@ def build_attention_metadata(
     if with_decode_tables and (is_decode_only or kernel_takes_prefill):
         # The kernel reads the block tables itself: no groups, gathers or masks to build.
         token_table = table if is_decode_only else table[seq_of_token]
-        return AttentionMetadata(
-            slot_mapping=torch.from_numpy(slot_mapping).to(device),
-            groups=[],
+        return AttentionPlan(
             num_tokens=num_tokens,
-            decode=DecodeTables(
-                block_tables=torch.from_numpy(token_table.astype(np.int32)).to(device),
-                context_lens=torch.from_numpy((pos + 1).astype(np.int32)).to(device),
-                max_context_len=int(ctx.max()),
-            ),
+            slot_mapping=slot_mapping,
+            groups=[],
+            decode_block_tables=token_table.astype(np.int32),
+            decode_context_lens=(pos + 1).astype(np.int32),
+            max_context_len=int(ctx.max()),
         )
 
     ids = np.arange(n)
@@ -150,7 +222,7 @@ def build_attention_metadata(
     if prefill_ids.size:
         group_ids += _split_groups(prefill_ids, q, ctx)
 
-    groups: list[AttentionGroup] = []
+    groups: list[_HostGroup] = []
     output_index = np.empty(num_tokens, dtype=np.int64)
     base = 0
     for s in group_ids:
@@ -175,21 +247,19 @@ def build_attention_metadata(
             token_range = (int(flat[0]), int(flat[0]) + int(flat.size))
         base += flat.size
         groups.append(
-            AttentionGroup(
-                token_index=torch.from_numpy(token_index).to(device),
-                query_valid=torch.from_numpy(valid).to(device),
-                kv_slots=torch.from_numpy(kv_slots).to(device),
-                mask=torch.from_numpy(mask[:, None]).to(device),
+            _HostGroup(
+                token_index=token_index,
+                query_valid=valid,
+                kv_slots=kv_slots,
+                mask=mask[:, None],
+                block_table=np.ascontiguousarray(table[s][:, :num_key_blocks]),
                 token_range=token_range,
-                block_table=torch.from_numpy(np.ascontiguousarray(table[s][:, :num_key_blocks])).to(
-                    device
-                ),
             )
         )
     identity = base == num_tokens and np.array_equal(output_index, np.arange(num_tokens))
-    return AttentionMetadata(
-        slot_mapping=torch.from_numpy(slot_mapping).to(device),
-        groups=groups,
-        output_index=None if identity else torch.from_numpy(output_index).to(device),
+    return AttentionPlan(
         num_tokens=num_tokens,
+        slot_mapping=slot_mapping,
+        groups=groups,
+        output_index=None if identity else output_index,
     )
