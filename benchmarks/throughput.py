@@ -78,7 +78,8 @@ class EngineProfiler:
         self._undo: list[Callable[[], None]] = []
         self._wrap(engine.scheduler, "schedule", "schedule")
         self._wrap(engine.scheduler, "on_step_done", "schedule")
-        self._wrap(engine.decoder, "decode_step", "decode")
+        for name in ("launch", "collect", "finish_text"):
+            self._wrap(engine.decoder, name, "decode")
         self._wrap(engine.runner, "execute", "execute", self._on_execute)
         self._wrap(model_runner, "plan_attention", "metadata")
         self._wrap(engine.runner.model, "forward", "forward")

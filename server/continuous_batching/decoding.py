@@ -1,5 +1,13 @@
 """After the forward: choose each request's next tokens (greedy, sampling or beam search, all in
 one batch), fork samples and beams, apply stop rules, and turn tokens into text deltas.
+
+Three phases, so that the engine can overlap the host's work with the device's:
+:meth:`Decoder.launch` queues the sampling on the device, :meth:`Decoder.collect` reads the
+tokens back (the step's one device-to-host sync) and applies the stop rules that need only the
+token (stop ids, ``max_new_tokens``), and :meth:`Decoder.finish_text` detokenises and applies
+stop strings. On a GPU the engine runs ``finish_text`` for step N while step N+1's forward
+computes; a sequence that a stop string ends then has run in step N+1 for nothing, and
+``launch`` gives it no token.
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from server.continuous_batching.beam_search import BeamSearchState
 from server.continuous_batching.block_manager import BlockManager
 from server.continuous_batching.sampler import RowParams, beam_log_probs, sample
 from server.continuous_batching.sequence import Sequence, SequenceGroup
+from server.continuous_batching.step_upload import to_device
 
 
 @dataclass
@@ -45,6 +54,39 @@ class _GroupRows:
     group: SequenceGroup
     seqs: list[Sequence]
     rows: list[int] = field(default_factory=list)
+
+
+@dataclass
+class SampledStep:
+    """A step's token choice queued on the device, not read back yet (:meth:`Decoder.launch`)."""
+
+    #: Plain groups and their tokens: one tensor for all, or one per group after a failure.
+    batches: list[tuple[list[_PreparedRows], torch.Tensor]]
+    #: Ready now: beam-search steps (they sync on their own) and failed requests.
+    outputs: list[RequestOutput]
+
+
+@dataclass
+class _GroupTokens:
+    """One group's new tokens of a step, appended to their sequences, text still to make."""
+
+    group: SequenceGroup
+    tokens: list[tuple[Sequence, int]]
+
+
+@dataclass
+class StepTokens:
+    """A step's tokens read back and appended (:meth:`Decoder.collect`)."""
+
+    groups: list[_GroupTokens] = field(default_factory=list)
+    #: Beam-search steps and failed requests: outputs without text to make.
+    outputs: list[RequestOutput] = field(default_factory=list)
+    #: Groups whose every sequence ended on a stop id or its length: nothing more to schedule.
+    finished: list[SequenceGroup] = field(default_factory=list)
+
+    def drop(self, group: SequenceGroup) -> None:
+        """Forget ``group``'s pending text (it was aborted)."""
+        self.groups = [entry for entry in self.groups if entry.group is not group]
 
 
 logger = logging.getLogger(__name__)
@@ -88,10 +130,12 @@ class Decoder:
             row.banned_token_ids = []  # min_new_tokens reached: stop ids are allowed from now on
         return row
 
-    def decode_step(
+    def launch(
         self, groups: list[tuple[SequenceGroup, list[Sequence]]], logits: torch.Tensor
-    ) -> list[RequestOutput]:
-        """Pick tokens for every sampling group; ``logits`` rows follow the groups' sequences."""
+    ) -> SampledStep:
+        """Queue the choice of every plain row (one batch) and run the beam-search groups. A
+        sequence that a stop string ended after the step was planned (see the module docstring)
+        gets no token: its logits row is skipped."""
         plain: list[_GroupRows] = []
         beams: list[_GroupRows] = []
         row = 0
@@ -99,12 +143,62 @@ class Decoder:
             entry = _GroupRows(group, seqs, list(range(row, row + len(seqs))))
             row += len(seqs)
             (beams if group.is_beam_search else plain).append(entry)
-        outputs = self._decode_plain(plain, logits) if plain else []
+        outputs: list[RequestOutput] = []
+        prepared: list[_PreparedRows] = []
+        for entry in plain:
+            try:
+                rows = self._prepare(entry)
+            except Exception as exc:
+                outputs.append(self._fail(entry.group, exc))
+                continue
+            if rows is not None:
+                prepared.append(rows)
+        batches = self._sample_each(prepared, logits, outputs)
         for entry in beams:
             try:
                 outputs.append(self._decode_beams(entry, logits))
             except Exception as exc:  # this request's fault (or a bug it hit): it alone ends
                 outputs.append(self._fail(entry.group, exc))
+        return SampledStep(batches, outputs)
+
+    def collect(self, step: SampledStep) -> StepTokens:
+        """Read the tokens back and append them; stop ids and lengths end sequences here."""
+        result = StepTokens(outputs=step.outputs)
+        for batch, tokens in step.batches:
+            token_lists = tokens.tolist()
+            start = 0
+            for rows in batch:
+                mine = token_lists[start : start + len(rows.row_index)]
+                start += len(rows.row_index)
+                group = rows.entry.group
+                try:
+                    pairs = [
+                        (seq, self._append_token(group, seq, token))
+                        for seq, token in zip(rows.seqs, mine, strict=True)
+                    ]
+                except Exception as exc:
+                    result.outputs.append(self._fail(group, exc))
+                    continue
+                if pairs:
+                    result.groups.append(_GroupTokens(group, pairs))
+                if all(seq.is_finished for seq in group.seqs):
+                    result.finished.append(group)
+        return result
+
+    def finish_text(self, step: StepTokens) -> list[RequestOutput]:
+        """Detokenise ``step``'s tokens and apply stop strings: one output per group."""
+        outputs: list[RequestOutput] = []
+        for entry in step.groups:
+            group = entry.group
+            output = RequestOutput(group.request_id)
+            try:
+                for seq, token in entry.tokens:
+                    output.deltas.append(self._text(group, seq, token))
+            except Exception as exc:
+                outputs.append(self._fail(group, exc))
+                continue
+            output.is_finished = all(s.is_finished for s in group.seqs)
+            outputs.append(output)
         return outputs
 
     def _fail(self, group: SequenceGroup, exc: Exception) -> RequestOutput:
@@ -127,29 +221,7 @@ class Decoder:
         )
 
     # -- greedy and sampling --------------------------------------------------------------
-    def _decode_plain(self, entries: list[_GroupRows], logits: torch.Tensor) -> list[RequestOutput]:
-        """One token for every plain row, sampled in one batch. A request whose preparation,
-        sampling or stop rules raise fails alone (see :meth:`_fail`)."""
-        outputs: list[RequestOutput] = []
-        prepared: list[_PreparedRows] = []
-        for entry in entries:
-            try:
-                prepared.append(self._prepare(entry))
-            except Exception as exc:
-                outputs.append(self._fail(entry.group, exc))
-        for rows, tokens in self._sample_each(prepared, logits, outputs):
-            output = RequestOutput(rows.entry.group.request_id)
-            try:
-                for seq, token in zip(rows.seqs, tokens, strict=True):
-                    output.deltas.append(self._append(rows.entry.group, seq, token))
-            except Exception as exc:
-                outputs.append(self._fail(rows.entry.group, exc))
-                continue
-            output.is_finished = all(s.is_finished for s in rows.entry.group.seqs)
-            outputs.append(output)
-        return outputs
-
-    def _prepare(self, entry: _GroupRows) -> _PreparedRows:
+    def _prepare(self, entry: _GroupRows) -> _PreparedRows | None:
         group = entry.group
         num_choices = group.config.num_return_sequences
         if len(entry.seqs) == 1 and entry.seqs[0].num_generated == 0 and num_choices > 1:
@@ -158,35 +230,37 @@ class Decoder:
             params = [self._row(group, parent)] * num_choices
             children = self._fork(group, parent, num_choices)
             return _PreparedRows(entry, entry.rows * num_choices, params, children)
-        params = [self._row(group, seq) for seq in entry.seqs]
-        return _PreparedRows(entry, list(entry.rows), params, list(entry.seqs))
+        live = [
+            (row, seq)
+            for row, seq in zip(entry.rows, entry.seqs, strict=True)
+            if not seq.is_finished
+        ]
+        if not live:
+            return None
+        params = [self._row(group, seq) for _, seq in live]
+        return _PreparedRows(entry, [row for row, _ in live], params, [seq for _, seq in live])
 
     def _sample_each(
         self, prepared: list[_PreparedRows], logits: torch.Tensor, failed: list[RequestOutput]
-    ) -> list[tuple[_PreparedRows, list[int]]]:
-        """The tokens of each prepared group: one batched ``sample`` for all of them; if that
+    ) -> list[tuple[list[_PreparedRows], torch.Tensor]]:
+        """The tokens of the prepared groups: one batched ``sample`` for all of them; if that
         raises, each group alone, so that only the group at fault fails (into ``failed``)."""
         if not prepared:
             return []
         row_index = [r for rows in prepared for r in rows.row_index]
         params = [p for rows in prepared for p in rows.params]
         try:
-            tokens = sample(_select(logits, row_index), params).tolist()
+            return [(prepared, sample(_select(logits, row_index), params))]
         except Exception:
             results = []
             for rows in prepared:
                 try:
-                    mine = sample(_select(logits, rows.row_index), rows.params).tolist()
+                    mine = sample(_select(logits, rows.row_index), rows.params)
                 except Exception as exc:
                     failed.append(self._fail(rows.entry.group, exc))
                     continue
-                results.append((rows, mine))
+                results.append(([rows], mine))
             return results
-        results, start = [], 0
-        for rows in prepared:
-            results.append((rows, tokens[start : start + len(rows.row_index)]))
-            start += len(rows.row_index)
-        return results
 
     def _fork(self, group: SequenceGroup, parent: Sequence, num: int) -> list[Sequence]:
         children = []
@@ -200,21 +274,33 @@ class Decoder:
         group.seqs = children
         return children
 
-    def _append(self, group: SequenceGroup, seq: Sequence, token: int) -> TextDelta:
-        """Add ``token`` to ``seq``, apply the stop rules, return the choice's delta."""
-        config = group.config
+    def _append_token(self, group: SequenceGroup, seq: Sequence, token: int) -> int:
+        """Add ``token`` to ``seq`` and apply the stop rules that need no text (stop ids,
+        ``max_new_tokens``); a sequence that ends gives its blocks back now."""
         seq.token_ids.append(token)
-        if seq.detokenizer is None:
-            seq.detokenizer = self.new_detokenizer(group)
-        is_stop_token = token in group.stop_token_ids
-        text = "" if is_stop_token else seq.detokenizer.add_tokens([token])
-        if is_stop_token or seq.detokenizer.is_stopped:
+        if token in group.stop_token_ids:
             seq.finish_reason = "stop"
-        elif seq.num_generated >= (config.max_new_tokens or 0):
+        elif seq.num_generated >= (group.config.max_new_tokens or 0):
             seq.finish_reason = "length"
         if seq.is_finished:
-            text += seq.detokenizer.flush()
             self.block_manager.free(seq)
+        return token
+
+    def _text(self, group: SequenceGroup, seq: Sequence, token: int) -> TextDelta:
+        """The choice's delta for ``token`` (appended already); a stop string ends it."""
+        if seq.detokenizer is None:
+            seq.detokenizer = self.new_detokenizer(group)
+        text = "" if token in group.stop_token_ids else seq.detokenizer.add_tokens([token])
+        if seq.detokenizer.is_stopped and seq.finish_reason != "stop":
+            # A stop string wins over the length, as it would have in one pass.
+            is_new_finish = not seq.is_finished
+            seq.finish_reason = "stop"
+            if is_new_finish:
+                # Safe while a later step is in flight: the device runs work in order, and
+                # the host hands blocks out again only when it schedules the next step.
+                self.block_manager.free(seq)
+        if seq.is_finished:
+            text += seq.detokenizer.flush()
         return TextDelta(
             index=seq.choice_index,
             text=text,
@@ -286,4 +372,4 @@ def _select(logits: torch.Tensor, row_index: list[int]) -> torch.Tensor:
     """The logits rows ``row_index`` (all of them, in order, without a copy when possible)."""
     if row_index == list(range(logits.shape[0])):
         return logits
-    return logits[torch.tensor(row_index, device=logits.device)]
+    return logits[to_device(row_index, torch.long, logits.device)]

@@ -19,7 +19,7 @@ from transformers import AutoTokenizer
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest, TextDelta
 from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.decoding import Decoder, RequestOutput
+from server.continuous_batching.decoding import Decoder, RequestOutput, StepTokens
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
 from server.continuous_batching.model_runner import ModelRunner
 from server.continuous_batching.sampler import make_generator
@@ -112,6 +112,11 @@ class LLMEngine:
         self.decoder = Decoder(self.tokenizer, self.block_manager, self.eos_token_ids)
         self.groups: dict[str, SequenceGroup] = {}
         self.stats = EngineStats()
+        overlap = batcher.overlap_detokenization
+        #: Make step N's text while step N+1 runs on the device (see ``step``); on a CPU the
+        #: forward runs on the host itself, so it would only hold the text back a step.
+        self.is_overlapping = self.runner.device.type == "cuda" if overlap is None else overlap
+        self._pending_text = StepTokens()
         # Everything loaded so far (torch, transformers, the tokenizer: millions of objects)
         # lives as long as the process; frozen, the collector stops walking it in the full
         # collections that the per-step garbage triggers (~2% of a decode step here).
@@ -154,6 +159,7 @@ class LLMEngine:
         if group is None:
             return None
         self.scheduler.remove(group)
+        self._pending_text.drop(group)
         finished = {s.choice_index for s in group.seqs if s.is_finished}
         num_choices = group.config.num_return_sequences
         deltas = [
@@ -173,14 +179,18 @@ class LLMEngine:
         plan = self.scheduler.schedule()
         self.stats.num_swap_preemptions += plan.num_swap_preemptions
         self.stats.num_recompute_preemptions += plan.num_recompute_preemptions
+        # With overlap on, the text of the step before this one is made while this one's
+        # forward runs on the device; otherwise it was made at the end of its own step.
+        pending, self._pending_text = self._pending_text, StepTokens()
         if plan.is_empty:
-            if self.groups and not plan.block_ops.swap_out:
+            if self.groups and not plan.block_ops.swap_out and not pending.groups:
                 logger.warning("nothing schedulable with %d requests queued", len(self.groups))
             self.runner.apply_block_ops(plan.block_ops)
-            return []
+            return self._retire(self.decoder.finish_text(pending))
         logits = self.runner.execute(plan)
         self.scheduler.on_step_done(plan)
         self.stats.num_steps += 1
+        outputs = self.decoder.finish_text(pending)
         sampling: list[tuple[SequenceGroup, list[Sequence]]] = []
         for item in plan.scheduled:
             if not item.is_sampling:
@@ -189,12 +199,25 @@ class LLMEngine:
                 sampling[-1][1].append(item.seq)
             else:
                 sampling.append((item.group, [item.seq]))
-        outputs = self.decoder.decode_step(sampling, logits) if sampling else []
+        if sampling:
+            tokens = self.decoder.collect(self.decoder.launch(sampling, logits))
+            for group in tokens.finished:
+                self.scheduler.remove(group)  # nothing more to run; its text may still come
+            outputs += tokens.outputs
+            if self.is_overlapping:
+                self._pending_text = tokens
+            else:
+                outputs += self.decoder.finish_text(tokens)
+        return self._retire(outputs)
+
+    def _retire(self, outputs: list[RequestOutput]) -> list[RequestOutput]:
+        """Count the outputs' tokens and let go of the requests they finish."""
         for output in outputs:
             self.stats.num_generated_tokens += sum(d.num_new_tokens for d in output.deltas)
             if output.is_finished:
-                group = self.groups.pop(output.request_id)
-                self.scheduler.remove(group)
+                group = self.groups.pop(output.request_id, None)
+                if group is not None:
+                    self.scheduler.remove(group)
         return outputs
 
     def generate(

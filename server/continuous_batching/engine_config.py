@@ -149,6 +149,12 @@ class BatcherConfig(_Section):
     max_num_waiting: int = Field(
         default=1024, ge=1, description="requests queued beyond this are refused (503)"
     )
+    overlap_detokenization: bool | None = Field(
+        default=None,
+        description="detokenise a step's tokens and check stop strings while the next step's "
+        "forward runs (a sequence a stop string ends then runs one step for nothing); null: on "
+        "with cuda, off on a CPU, where the forward itself runs on the host",
+    )
 
 
 class CacheConfig(_Section):

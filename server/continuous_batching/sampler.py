@@ -35,6 +35,7 @@ from server.continuous_batching.logits_processing import (
     apply_top_p,
     apply_typical_p,
 )
+from server.continuous_batching.step_upload import to_device
 
 __all__ = ["RowParams", "beam_log_probs", "make_generator", "process_logits", "sample"]
 
@@ -98,12 +99,12 @@ def make_generator(seed: int | None, device: torch.device | str) -> torch.Genera
 
 
 def _index(rows: list[int], device: torch.device) -> torch.Tensor:
-    return torch.tensor(rows, dtype=torch.long, device=device)
+    return to_device(rows, torch.long, device)
 
 
 def _column(values: list[float], device: torch.device) -> torch.Tensor:
     # Python floats are rounded to float32 here exactly as torch rounds HF's scalar operands.
-    return torch.tensor(values, dtype=torch.float32, device=device).unsqueeze(1)
+    return to_device(values, torch.float32, device).unsqueeze(1)
 
 
 def _apply_to_rows(
@@ -126,7 +127,9 @@ def _processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
         padded = torch.full((len(ids), max(len(x) for x in ids)), vocab_size, dtype=torch.long)
         for j, x in enumerate(ids):
             padded[j, : len(x)] = torch.tensor(x, dtype=torch.long).clamp_(max=vocab_size)
-        padded = padded.to(device)
+        if device.type == "cuda":  # pinned, so that the copy does not stall the host
+            padded = padded.pin_memory()
+        padded = padded.to(device, non_blocking=True)
         penalty = _column([rows[i].repetition_penalty for i in penalised], device)
         scores = _apply_to_rows(
             scores, penalised, lambda s: apply_repetition_penalty(s, padded, penalty)

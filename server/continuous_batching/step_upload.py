@@ -131,3 +131,14 @@ class StaticDecodeBuffers:
         region(2, np.int64, size)[:] = blocks_of_rows * self.block_size + pos % self.block_size
         region(3, np.int32, size)[:] = context_lens
         self.buffer[:num_bytes].copy_(staging, non_blocking=True)
+
+
+def to_device(
+    values: list[int] | list[float], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A small host list as a tensor on ``device``. On cuda it goes through pinned memory with
+    an asynchronous copy: a copy from pageable memory would make the host wait for the GPU."""
+    host = torch.tensor(values, dtype=dtype)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
