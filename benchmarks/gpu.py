@@ -55,6 +55,10 @@ SHAPES: dict[str, dict[str, int]] = {
     },
 }
 SYSTEMS = ("engine", "hf", "hf-compile")
+#: The engine's KV pool, fixed (``num_blocks``) so that transformers, run after it in the same
+#: process, still has room (``gpu_memory_utilization`` would hand the pool most of the GPU).
+KV_POOL_GIB = 16
+BLOCK_SIZE = 16
 
 
 def build_checkpoint(
@@ -90,7 +94,7 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def engine_runner(path: Path, dtype: str, max_batch: int, enforce_eager: bool):
+def engine_runner(path: Path, dtype: str, max_batch: int, enforce_eager: bool, num_blocks: int):
     """One engine factory per shape: the model, KV pools and CUDA graphs are built once."""
     from server.continuous_batching.engine import LLMEngine
     from server.continuous_batching.engine_config import EngineConfig
@@ -106,7 +110,11 @@ def engine_runner(path: Path, dtype: str, max_batch: int, enforce_eager: bool):
                 "enforce_eager": enforce_eager,
             },
             "batcher_config": {"batch_max_tokens": 8192, "batch_max_beams": max_batch},
-            "cache_config": {"memory_budget_gb": 16.0, "num_blocks_cpu": 0},
+            "cache_config": {
+                "num_blocks": num_blocks,
+                "block_size": BLOCK_SIZE,
+                "num_blocks_cpu": 0,
+            },
         }
     )
     runner = ModelRunner(config)
@@ -171,7 +179,10 @@ def bench_shape(shape: str, args: argparse.Namespace, folder: Path) -> list[dict
     rows: list[dict[str, object]] = []
     for system in args.systems:
         if system == "engine":
-            make = engine_runner(path, args.dtype, max(args.batches), args.enforce_eager)
+            num_blocks = KV_POOL_GIB * 2**30 // (kv_per_token * BLOCK_SIZE)
+            make = engine_runner(
+                path, args.dtype, max(args.batches), args.enforce_eager, num_blocks
+            )
 
             def run(prompts: list[list[int]], n: int, make=make) -> None:
                 run_engine(make, prompts, n)

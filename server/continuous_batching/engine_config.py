@@ -161,10 +161,24 @@ class CacheConfig(_Section):
     """The paged KV cache: device pool, CPU swap pool, block size."""
 
     num_blocks: int | None = Field(
-        default=None, ge=1, description="device blocks; derived from memory_budget_gb when null"
+        default=None,
+        ge=1,
+        description="device blocks; when null, derived from gpu_memory_utilization on cuda and "
+        "from memory_budget_gb on a CPU",
     )
     memory_budget_gb: float = Field(
-        default=2.0, gt=0, description="device memory for the KV cache when num_blocks is null"
+        default=2.0,
+        gt=0,
+        description="on a CPU device, memory for the KV cache when num_blocks is null (on cuda "
+        "gpu_memory_utilization sizes it)",
+    )
+    gpu_memory_utilization: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="on cuda, only when num_blocks is null: the share of the GPU's memory the "
+        "server may fill; the KV pool gets what it leaves after the weights and the peak of a "
+        "warm-up step of batch_max_tokens tokens (other processes on the GPU count as used)",
     )
     num_blocks_cpu: int = Field(default=256, ge=0, description="CPU blocks for swapping")
     block_size: int = Field(default=16, ge=1, le=1024)

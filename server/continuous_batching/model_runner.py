@@ -1,10 +1,12 @@
-"""The only part of the engine that touches tensors: the model, its KV-cache pools, the block
-copies the scheduler asks for, and one forward per step over every scheduled token.
+"""The only part of the engine that touches tensors: the model, its KV cache (pools and block
+copies: ``kv_cache``), and one forward per step over every scheduled token.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -17,9 +19,15 @@ from server.continuous_batching.decode_buckets import (
     decode_buckets,
     pad_decode_inputs,
 )
-from server.continuous_batching.engine_config import EngineConfig
+from server.continuous_batching.engine_config import BatcherConfig, CacheConfig, EngineConfig
+from server.continuous_batching.kv_cache import KVCache, LayerCache
+from server.continuous_batching.kv_memory import (
+    measure_cuda_memory,
+    num_blocks_from_memory,
+    warmup_steps,
+)
 from server.continuous_batching.model.attention import plan_attention
-from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
+from server.continuous_batching.model.llama import kv_bytes_per_block
 from server.continuous_batching.scheduler import SchedulerOutput
 from server.continuous_batching.step_upload import StepUploader
 from server.continuous_batching.weights import load_model
@@ -39,7 +47,7 @@ def resolve_max_model_len(limit: int, requested: int | None) -> int:
 
 
 class ModelRunner:
-    """Loads the model, owns the device and CPU KV pools and runs steps."""
+    """Loads the model, owns the KV cache (device and CPU pools) and runs steps."""
 
     def __init__(self, config: EngineConfig) -> None:
         loading = config.model_loading_config
@@ -55,27 +63,19 @@ class ModelRunner:
             self.arch.max_position_embeddings, loading.model_max_length
         )
         self.block_size = cache.block_size
-        bytes_per_block = kv_bytes_per_block(self.arch, self.block_size, self.dtype)
-        self.num_blocks = cache.num_blocks or max(
-            1, int(cache.memory_budget_gb * _GIB) // bytes_per_block
-        )
-        self.num_blocks_cpu = cache.num_blocks_cpu
-        #: One block past the pool, never handed out: padded decode rows write there.
-        self.dummy_block = self.num_blocks
-        self.kv_caches = self._allocate(self.num_blocks + 1, self.device)
-        self.cpu_kv_caches = self._allocate(cache.num_blocks_cpu, torch.device("cpu"))
-        self._block_offsets = torch.arange(self.block_size, device=self.device)
+        #: "triton" / "cpu": decode-only steps use a paged-attention kernel; "torch": never.
+        self.attention_backend = self.model.attention_backend
         #: Puts an eager step's arrays on the device (one copy from pinned memory on cuda).
         self.uploader = StepUploader(self.device)
+        # Sized before CUDA graph capture: the graphs address the pool that exists then.
+        self.kv_cache = self._new_kv_cache(self._num_device_blocks(config), cache.num_blocks_cpu)
         logger.info(
             "KV cache: %d device blocks + %d CPU blocks of %d tokens (%.1f MiB per block set)",
             self.num_blocks,
-            cache.num_blocks_cpu,
+            self.num_blocks_cpu,
             self.block_size,
-            bytes_per_block / 2**20,
+            self.kv_cache.bytes_per_block / 2**20,
         )
-        #: "triton" / "cpu": decode-only steps use a paged-attention kernel; "torch": never.
-        self.attention_backend = self.model.attention_backend
         #: Batch sizes a decode-only step is padded to (the CUDA graphs' shapes).
         self.decode_buckets = decode_buckets(config.batcher_config.batch_max_beams)
         self.decode_graphs: DecodeGraphs | None = None
@@ -99,51 +99,100 @@ class ModelRunner:
             "CUDA graphs" if self.decode_graphs is not None else "eager",
         )
 
-    def _allocate(self, num_blocks: int, device: torch.device) -> list[tuple[torch.Tensor, ...]]:
-        shape = kv_cache_shape(self.arch, num_blocks, self.block_size)
-        pin = device.type == "cpu" and self.device.type == "cuda"
-        return [
-            (
-                torch.zeros(shape, dtype=self.dtype, device=device, pin_memory=pin),
-                torch.zeros(shape, dtype=self.dtype, device=device, pin_memory=pin),
-            )
-            for _ in range(self.arch.num_hidden_layers)
-        ]
+    # -- the KV cache ----------------------------------------------------------------------
+    @property
+    def kv_caches(self) -> list[LayerCache]:
+        """The device pool's (K, V) tensors per layer (dummy block included)."""
+        return self.kv_cache.kv_caches
 
-    # -- block copies ---------------------------------------------------------------------
-    def _slots(self, blocks: list[int], device: torch.device) -> torch.Tensor:
-        ids = torch.tensor(blocks, dtype=torch.long, device=device)
-        offsets = self._block_offsets.to(device)
-        return (ids[:, None] * self.block_size + offsets[None, :]).reshape(-1)
+    @property
+    def cpu_kv_caches(self) -> list[LayerCache]:
+        """The CPU swap pool's (K, V) tensors per layer."""
+        return self.kv_cache.cpu_kv_caches
 
-    def _copy_blocks(
-        self,
-        pairs: list[tuple[int, int]],
-        source: list[tuple[torch.Tensor, ...]],
-        target: list[tuple[torch.Tensor, ...]],
+    @property
+    def num_blocks(self) -> int:
+        """Device blocks the block manager may hand out."""
+        return self.kv_cache.num_blocks
+
+    @property
+    def num_blocks_cpu(self) -> int:
+        """CPU blocks for swapping."""
+        return self.kv_cache.num_blocks_cpu
+
+    @property
+    def dummy_block(self) -> int:
+        """One block past the pool, never handed out: padded decode rows write there."""
+        return self.kv_cache.dummy_block
+
+    def apply_block_ops(
+        self, ops: BlockOps, step_block_tables: Sequence[Sequence[int]] = ()
     ) -> None:
-        if not pairs:
-            return
-        src_device = source[0][0].device
-        dst_device = target[0][0].device
-        src = self._slots([p[0] for p in pairs], src_device)
-        dst = self._slots([p[1] for p in pairs], dst_device)
-        for (src_k, src_v), (dst_k, dst_v) in zip(source, target, strict=True):
-            dst_k[dst] = src_k[src].to(dst_device, non_blocking=True)
-            dst_v[dst] = src_v[src].to(dst_device, non_blocking=True)
+        """The step's block copies, before its forward (see ``KVCache.apply_block_ops``)."""
+        self.kv_cache.apply_block_ops(ops, step_block_tables)
+
+    def _new_kv_cache(self, num_blocks: int, num_blocks_cpu: int) -> KVCache:
+        return KVCache(
+            self.arch, num_blocks, num_blocks_cpu, self.block_size, self.dtype, self.device
+        )
+
+    def _num_device_blocks(self, config: EngineConfig) -> int:
+        """``num_blocks``, else from the memory left after a warm-up (cuda) or the budget."""
+        cache = config.cache_config
+        if cache.num_blocks is not None:
+            return cache.num_blocks
+        if self.device.type == "cuda":
+            return self._num_blocks_after_warmup(cache, config.batcher_config)
+        bytes_per_block = kv_bytes_per_block(self.arch, self.block_size, self.dtype)
+        return max(1, int(cache.memory_budget_gb * _GIB) // bytes_per_block)
+
+    def _num_blocks_after_warmup(self, cache: CacheConfig, batcher: BatcherConfig) -> int:
+        """Run the largest step on a temporary pool just big enough, then give the real pool
+        what ``gpu_memory_utilization`` of the GPU leaves beside the peak seen (``kv_memory``).
+        Only ``measure_cuda_memory`` and ``empty_cache`` need cuda."""
+        max_seq_len = min(self.max_model_len, self.arch.max_position_embeddings)
+        steps = warmup_steps(
+            batcher.batch_max_tokens, batcher.batch_max_beams, max_seq_len, self.block_size
+        )
+        num_warmup_blocks = max(sum(map(len, tables)) for _, tables in steps)
+        self.kv_cache = self._new_kv_cache(num_warmup_blocks, num_blocks_cpu=0)
+
+        def run_warmup() -> None:
+            for query_lens, block_tables in steps:
+                self._warmup_forward(query_lens, block_tables)
+
+        figures = measure_cuda_memory(run_warmup, self.kv_cache.device_bytes, self.device)
+        bytes_per_block = self.kv_cache.bytes_per_block
+        del self.kv_cache
+        torch.cuda.empty_cache()  # the warm-up pool and activations go back before the real pool
+        num_blocks = num_blocks_from_memory(
+            figures.total, figures.peak_in_use, cache.gpu_memory_utilization, bytes_per_block
+        )
+        logger.info(
+            "KV pool: %d blocks from gpu_memory_utilization %.2f of %s; warm-up steps of %s "
+            "sequences",
+            num_blocks,
+            cache.gpu_memory_utilization,
+            figures.describe(),
+            [len(query_lens) for query_lens, _ in steps],
+        )
+        return num_blocks
 
     @torch.inference_mode()
-    def apply_block_ops(self, ops: BlockOps) -> None:
-        """Swap out, swap in, then copy-on-write, before the step's forward writes anything."""
-        self._copy_blocks(list(ops.swap_out.items()), self.kv_caches, self.cpu_kv_caches)
-        self._copy_blocks(list(ops.swap_in.items()), self.cpu_kv_caches, self.kv_caches)
-        self._copy_blocks(ops.copy, self.kv_caches, self.kv_caches)
+    def _warmup_forward(self, query_lens: list[int], block_tables: list[list[int]]) -> None:
+        """A prefill step from position 0 (token id 0), logits included, on the pool held now."""
+        positions = [p for n in query_lens for p in range(n)]
+        last_rows = [end - 1 for end in accumulate(query_lens)]
+        hidden, rows = self._forward(
+            [0] * len(positions), positions, query_lens, query_lens, block_tables, last_rows
+        )
+        self.model.compute_logits(hidden[rows])
 
     # -- the step -------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> torch.Tensor:
         """Run the step's forward; logits ``[num_sampling_seqs, vocab]`` float32, plan order."""
-        self.apply_block_ops(plan.block_ops)
+        self.apply_block_ops(plan.block_ops, [item.seq.block_table for item in plan.scheduled])
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens: list[int] = []
