@@ -1,8 +1,10 @@
 """The continuous-batching engine: ``add_request`` / ``step`` / ``abort``.
 
 One ``step`` = schedule (plain Python) -> one forward over every scheduled token (model
-runner) -> choose tokens and apply stop rules (decoder). Synchronous and single-threaded; the
-async front (``async_engine``) drives it from its own thread.
+runner) -> choose tokens and apply stop rules (decoder). Single-threaded; the async front
+(``async_engine``) drives it from its own thread. On a GPU the forward runs asynchronously, and
+the step makes the previous step's text (detokenisation, stop strings) while it computes
+(``overlap_detokenization``).
 """
 
 from __future__ import annotations

@@ -14,14 +14,7 @@ from server.continuous_batching.decode_buckets import (
 )
 from server.continuous_batching.engine_config import ModelLoadingConfig
 from server.continuous_batching.model_runner import ModelRunner
-from tests.engine import test_cb_engine as cb
-from tests.engine.test_cb_engine import NUM_NEW, assert_no_leak, tokens_of
-
-# The engine tests' fixtures (the model's prompts and transformers' greedy tokens for them).
-make_engine = cb.make_engine
-prompts = cb.prompts
-hf_model = cb.hf_model
-hf_greedy = cb.hf_greedy
+from tests.engine.conftest import NUM_NEW, assert_no_leak, tokens_of
 
 
 def test_bucket_sizes() -> None:

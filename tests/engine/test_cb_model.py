@@ -129,11 +129,6 @@ def use_ops(model: LlamaForCausalLM, name: str) -> LlamaForCausalLM:
     return model
 
 
-@pytest.fixture(scope="module")
-def hf_model(default_model_path: Path) -> PreTrainedModel:
-    return AutoModelForCausalLM.from_pretrained(default_model_path, dtype=torch.float32).eval()
-
-
 def greedy(runner: PagedRunner, prompts: list[list[int]], steps: int) -> list[list[int]]:
     """Prefill all prompts in one forward, then decode all of them together."""
     names = [f"s{i}" for i in range(len(prompts))]

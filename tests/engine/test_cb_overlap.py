@@ -13,13 +13,8 @@ from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
-from tests.engine import test_cb_engine as cb
-from tests.engine.test_cb_engine import assert_no_leak, tokens_of
+from tests.engine.conftest import assert_no_leak, tokens_of
 from tests.support.default_model import engine_config
-
-prompts = cb.prompts
-hf_model = cb.hf_model
-hf_greedy = cb.hf_greedy
 
 
 @pytest.fixture

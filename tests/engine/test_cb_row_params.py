@@ -25,14 +25,6 @@ def engine(default_model_path: Path, cb_runner: ModelRunner) -> LLMEngine:
     return LLMEngine(engine_config(default_model_path, num_blocks=64), runner=cb_runner)
 
 
-@pytest.fixture(scope="module")
-def hf_model(default_model_path: Path) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(str(default_model_path), dtype=torch.float32)
-    return model.eval()
-
-
 @pytest.fixture
 def num_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Counts the RowParams the decoder builds."""

@@ -15,13 +15,7 @@ from server.continuous_batching.step_upload import (
     StepUploader,
     packed_offsets,
 )
-from tests.engine import test_cb_engine as cb
-from tests.engine.test_cb_engine import NUM_NEW, assert_no_leak, tokens_of
-
-make_engine = cb.make_engine
-prompts = cb.prompts
-hf_model = cb.hf_model
-hf_greedy = cb.hf_greedy
+from tests.engine.conftest import NUM_NEW, assert_no_leak, tokens_of
 
 CPU = torch.device("cpu")
 
