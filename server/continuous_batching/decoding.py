@@ -171,11 +171,11 @@ class Decoder:
                 mine = token_lists[start : start + len(rows.row_index)]
                 start += len(rows.row_index)
                 group = rows.entry.group
+                pairs: list[tuple[Sequence, int]] = []
                 try:
-                    pairs = [
-                        (seq, self._append_token(group, seq, token))
-                        for seq, token in zip(rows.seqs, mine, strict=True)
-                    ]
+                    for seq, token in zip(rows.seqs, mine, strict=True):
+                        self._append_token(group, seq, token)
+                        pairs.append((seq, token))
                 except Exception as exc:
                     result.outputs.append(self._fail(group, exc))
                     continue
@@ -274,7 +274,7 @@ class Decoder:
         group.seqs = children
         return children
 
-    def _append_token(self, group: SequenceGroup, seq: Sequence, token: int) -> int:
+    def _append_token(self, group: SequenceGroup, seq: Sequence, token: int) -> None:
         """Add ``token`` to ``seq`` and apply the stop rules that need no text (stop ids,
         ``max_new_tokens``); a sequence that ends gives its blocks back now."""
         seq.token_ids.append(token)
@@ -284,7 +284,6 @@ class Decoder:
             seq.finish_reason = "length"
         if seq.is_finished:
             self.block_manager.free(seq)
-        return token
 
     def _text(self, group: SequenceGroup, seq: Sequence, token: int) -> TextDelta:
         """The choice's delta for ``token`` (appended already); a stop string ends it."""
