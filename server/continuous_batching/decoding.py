@@ -291,13 +291,11 @@ class Decoder:
             seq.detokenizer = self.new_detokenizer(group)
         text = "" if token in group.stop_token_ids else seq.detokenizer.add_tokens([token])
         if seq.detokenizer.is_stopped and seq.finish_reason != "stop":
-            # A stop string wins over the length, as it would have in one pass.
-            is_new_finish = not seq.is_finished
+            # A stop string wins over the length, as it would have in one pass. Freeing is
+            # safe while a later step is in flight: the device runs work in order, and the
+            # host hands blocks out again only when it schedules the next step.
             seq.finish_reason = "stop"
-            if is_new_finish:
-                # Safe while a later step is in flight: the device runs work in order, and
-                # the host hands blocks out again only when it schedules the next step.
-                self.block_manager.free(seq)
+            self.block_manager.free(seq)  # a no-op when the length freed it already
         if seq.is_finished:
             text += seq.detokenizer.flush()
         return TextDelta(

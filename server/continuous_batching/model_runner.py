@@ -192,7 +192,6 @@ class ModelRunner:
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> torch.Tensor:
         """Run the step's forward; logits ``[num_sampling_seqs, vocab]`` float32, plan order."""
-        self.apply_block_ops(plan.block_ops, [item.seq.block_table for item in plan.scheduled])
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens: list[int] = []
@@ -210,6 +209,7 @@ class ModelRunner:
             block_tables.append(seq.block_table)
             if item.is_sampling:
                 sample_rows.append(len(input_ids) - 1)
+        self.apply_block_ops(plan.block_ops, block_tables)
         num_seqs = len(plan.scheduled)
         bucket = None
         if self.is_padding_decodes and len(input_ids) == num_seqs:
