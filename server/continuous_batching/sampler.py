@@ -35,7 +35,7 @@ from server.continuous_batching.logits_processing import (
     apply_top_p,
     apply_typical_p,
 )
-from server.continuous_batching.step_upload import to_device
+from server.continuous_batching.step_upload import host_to_device, to_device
 
 __all__ = ["RowParams", "beam_log_probs", "make_generator", "process_logits", "sample"]
 
@@ -127,9 +127,7 @@ def _processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
         padded = torch.full((len(ids), max(len(x) for x in ids)), vocab_size, dtype=torch.long)
         for j, x in enumerate(ids):
             padded[j, : len(x)] = torch.tensor(x, dtype=torch.long).clamp_(max=vocab_size)
-        if device.type == "cuda":  # pinned, so that the copy does not stall the host
-            padded = padded.pin_memory()
-        padded = padded.to(device, non_blocking=True)
+        padded = host_to_device(padded, device)
         penalty = _column([rows[i].repetition_penalty for i in penalised], device)
         scores = _apply_to_rows(
             scores, penalised, lambda s: apply_repetition_penalty(s, padded, penalty)

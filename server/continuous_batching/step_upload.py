@@ -133,12 +133,16 @@ class StaticDecodeBuffers:
         self.buffer[:num_bytes].copy_(staging, non_blocking=True)
 
 
-def to_device(
-    values: list[int] | list[float], dtype: torch.dtype, device: torch.device
-) -> torch.Tensor:
-    """A small host list as a tensor on ``device``. On cuda it goes through pinned memory with
-    an asynchronous copy: a copy from pageable memory would make the host wait for the GPU."""
-    host = torch.tensor(values, dtype=dtype)
+def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on ``device``. On cuda it goes through pinned memory with an asynchronous
+    copy: a copy from pageable memory would make the host wait for the GPU."""
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def to_device(
+    values: list[int] | list[float], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """A small host list as a tensor on ``device`` (see :func:`host_to_device`)."""
+    return host_to_device(torch.tensor(values, dtype=dtype), device)
