@@ -16,6 +16,7 @@ from server.common.compute_thread import ComputeThread
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.model import cpu_isa
 from utils.logging import setup_logging
 
 DEFAULT_CONFIG = "configs/cb_server_config.json"
@@ -26,6 +27,9 @@ def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
     setup_logging(os.environ.get("LLM_SUITE_LOG_LEVEL", "INFO"))
     config = load_cb_server_config(config_path)
     loading = config.model_loading_config
+    if loading.device == "cpu":
+        # A forced lower ISA level caps torch and oneDNN too, before they run anything.
+        cpu_isa.cap_torch_to(cpu_isa.resolve(loading.cpu_isa))
     # Loaded in the thread that will run it: one OpenMP team per process (compute_thread).
     compute = ComputeThread("engine")
     engine = compute.call(LLMEngine, config.engine_config())

@@ -3,13 +3,18 @@
 Run by hand (not a test), on a quiet machine:
 
     .venv/bin/python benchmarks/bench_cpu_kernels.py [--model models/SmolLM2-135M-Instruct]
-        [--rows 1 32 64 256] [--rounds 7] [--threads 2]
+        [--rows 1 32 64 256] [--rounds 7] [--threads 2] [--isa avx2]
 
-* **linear**: ``bf16_linear`` (the extension's AVX512-BF16 matmul, weights packed once)
-  against oneDNN's prepacked matmul (``torch.ops.mkldnn._linear_pointwise``, what the engine
-  used before) for the model's four layer shapes and its lm_head, bfloat16. Each layer shape
-  cycles through one weight per layer (as many as the model has), so weights come from memory
-  as in a real step, not from a warm cache.
+``--isa`` picks the kernels' ISA level (default: this CPU's best; a lower one is forced, see
+``cpu_isa``). To measure as on a CPU of that level, cap torch and oneDNN too:
+``ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 ... --isa avx2``.
+
+* **linear**: ``bf16_linear`` (the extension's matmul at that level, weights packed once)
+  against oneDNN's prepacked matmul (``torch.ops.mkldnn._linear_pointwise``) in bfloat16 where
+  oneDNN runs bf16 on this CPU, and in float32 (what a float32 config reads: twice the bytes)
+  for the model's four layer shapes and its lm_head. Each layer shape cycles through one weight
+  per layer (as many as the model has), so weights come from memory as in a real step, not
+  from a warm cache.
 * **attention**: ``PagedAttention`` on the ``cpu`` backend (the kernel) against the torch path
   (the reference), bfloat16, one cache per layer: decode steps of 32 sequences, a prefill of
   ten 100-token prompts after a 30-token cached prefix, and one 1,000-token prompt.
@@ -29,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from server.continuous_batching.model import build_attention_metadata, cpu_kernels
+from server.continuous_batching.model import build_attention_metadata, cpu_isa, cpu_kernels
 from server.continuous_batching.model.paged_attention import PagedAttention
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -43,7 +48,7 @@ def median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, fl
     return {name: statistics.median(t) for name, t in time_interleaved(fns, rounds).items()}
 
 
-def bench_linear(kernels, config: dict, rows: list[int], rounds: int) -> None:
+def bench_linear(kernels, config: dict, rows: list[int], rounds: int, onednn_bf16: bool) -> None:
     """bf16_linear vs oneDNN prepacked, per layer shape; each call cycles over the layers."""
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
@@ -56,27 +61,40 @@ def bench_linear(kernels, config: dict, rows: list[int], rounds: int) -> None:
         "down": (inter, hidden, num_layers),
         "lm_head": (hidden, config["vocab_size"], 1),
     }
-    print(f"\nlinear, bfloat16 (ms per call; {num_layers} weights per layer shape)")
-    print(f"{'shape':8s} {'K':>5s} {'N':>6s} {'rows':>5s} {'oneDNN':>8s} {'ours':>8s}  speed-up")
+    baselines = ["onednn_fp32"] + (["onednn_bf16"] if onednn_bf16 else [])
+    print(f"\nlinear (ms per call; {num_layers} weights per layer shape; speed-up of ours)")
+    header = "".join(f"{b:>12s}" for b in baselines)
+    print(f"{'shape':8s} {'K':>5s} {'N':>6s} {'rows':>5s}{header} {'ours':>8s}  speed-ups")
     for name, (k, n, count) in shapes.items():
         weights = [torch.randn(n, k).bfloat16() for _ in range(count)]
-        ours = [kernels.pack_bf16_weight(w) for w in weights]
-        onednn = [torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights]
+        packed = {"ours": [kernels.pack_bf16_weight(w) for w in weights]}
+        packed["onednn_fp32"] = [
+            torch.ops.mkldnn._reorder_linear_weight(w.float(), 32) for w in weights
+        ]
+        if onednn_bf16:
+            packed["onednn_bf16"] = [
+                torch.ops.mkldnn._reorder_linear_weight(w, 32) for w in weights
+            ]
         del weights
         for m in rows:
             x = torch.randn(m, k).bfloat16()
+            inputs = {"ours": x, "onednn_fp32": x.float(), "onednn_bf16": x}
 
-            def run_ours(x: torch.Tensor = x, packed: list = ours, n: int = n) -> None:
-                for w in packed:
+            def run_ours(x: torch.Tensor = x, weights: list = packed["ours"], n: int = n) -> None:
+                for w in weights:
                     kernels.bf16_linear(x, w, n)
 
-            def run_onednn(x: torch.Tensor = x, packed: list = onednn) -> None:
-                for w in packed:
+            def run_onednn(x: torch.Tensor, weights: list) -> None:
+                for w in weights:
                     torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
-            t = median_ms({"onednn": run_onednn, "ours": run_ours}, rounds)
-            a, b = t["onednn"] / count, t["ours"] / count
-            print(f"{name:8s} {k:5d} {n:6d} {m:5d} {a:8.3f} {b:8.3f} {a / b:8.2f}x")
+            fns = {"ours": run_ours} | {
+                b: lambda x=inputs[b], w=packed[b]: run_onednn(x, w) for b in baselines
+            }
+            t = {key: value / count for key, value in median_ms(fns, rounds).items()}
+            cells = "".join(f"{t[b]:12.3f}" for b in baselines)
+            ups = " ".join(f"{t[b] / t['ours']:6.2f}x" for b in baselines)
+            print(f"{name:8s} {k:5d} {n:6d} {m:5d}{cells} {t['ours']:8.3f}  {ups}")
 
 
 def _caches(num_layers: int, num_blocks: int, kv_heads: int, head_dim: int):
@@ -86,7 +104,7 @@ def _caches(num_layers: int, num_blocks: int, kv_heads: int, head_dim: int):
     ]
 
 
-def bench_attention(config: dict, rounds: int) -> None:
+def bench_attention(kernels, config: dict, rounds: int) -> None:
     """The cpu backend against the torch path over all layers, decode and prefill shapes."""
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config.get("head_dim") or config["hidden_size"] // heads
@@ -114,7 +132,9 @@ def bench_attention(config: dict, rounds: int) -> None:
             query_lens, context_lens, tables, BLOCK_SIZE, cpu, True, kernel_takes_prefill=True
         )
         torch_meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, cpu)
-        kernel = PagedAttention(kernel_meta, heads, kv_heads, head_dim, torch.bfloat16, "cpu", 16)
+        kernel = PagedAttention(
+            kernel_meta, heads, kv_heads, head_dim, torch.bfloat16, "cpu", 16, kernels
+        )
         reference = PagedAttention(torch_meta, heads, kv_heads, head_dim, torch.bfloat16)
         sides = {"torch": reference, "kernel": kernel}
         t = median_ms(
@@ -133,18 +153,18 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 32, 64, 256])
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--isa", choices=cpu_isa.LEVELS[1:], help="kernel level (default: best)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    kernels = cpu_kernels.load(verbose=True)
+    path = cpu_isa.resolve(args.isa or "auto")
+    kernels = cpu_kernels.load(path.level, verbose=True)
     if kernels is None:
-        raise SystemExit("the fused CPU kernels are not available (make kernels)")
+        raise SystemExit(f"the fused CPU kernels ({path.level}) are not available (make kernels)")
     config = json.loads((Path(args.model) / "config.json").read_text())
-    print(f"threads={args.threads} model={args.model}")
-    if kernels.has_bf16_gemm:
-        bench_linear(kernels, config, args.rows, args.rounds)
-    else:
-        print("\nlinear: skipped, this CPU has no AVX512-BF16")
-    bench_attention(config, args.rounds)
+    print(f"threads={args.threads} model={args.model} isa={path.level} gemm: {kernels.gemm}")
+    print(f"torch: {torch.backends.cpu.get_cpu_capability()}; CPU: {path.cpu_model}")
+    bench_linear(kernels, config, args.rows, args.rounds, path.can_pack_onednn_bf16())
+    bench_attention(kernels, config, args.rounds)
 
 
 if __name__ == "__main__":

@@ -50,7 +50,12 @@ def create_server_app(
 
     The backend's engine starts with the app's lifespan and stops with it.
     """
-    metrics = ServerMetrics(backend.load_report, backend.counters, settings.served_model_names[0])
+    metrics = ServerMetrics(
+        backend.load_report,
+        backend.counters,
+        settings.served_model_names[0],
+        compute_path=backend.compute_path,
+    )
     service = GenerationService(backend, settings, metrics)
 
     @asynccontextmanager

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.generation import FinishReason, GenerationConfig
-from protocol.health import LoadReport, ServerKind
+from protocol.health import ComputePath, LoadReport, ServerKind
 
 
 @dataclass
@@ -57,6 +57,8 @@ class GenerationBackend(abc.ABC):
     model_id: str
     max_model_len: int
     tokenizer: Any
+    #: What computes the model (device, CPU ISA level), for /health and /metrics.
+    compute_path: ComputePath | None = None
 
     @abc.abstractmethod
     async def start(self) -> None:

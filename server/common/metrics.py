@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterator
 from prometheus_client import (
     CollectorRegistry,
     Counter,
+    Gauge,
     Histogram,
     disable_created_metrics,
     generate_latest,
@@ -19,7 +20,7 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from protocol.health import LoadReport
+from protocol.health import ComputePath, LoadReport
 from server.common.vllm_metrics import VllmMetrics
 
 # The *_created series only add noise to a scrape.
@@ -56,8 +57,23 @@ class ServerMetrics:
         read_load: Callable[[], LoadReport],
         read_counters: Callable[[], dict[str, float]] = dict,
         model_name: str = "model",
+        compute_path: ComputePath | None = None,
     ) -> None:
         self.registry = CollectorRegistry()
+        if compute_path is not None:
+            # An info series: which path computes (value 1), so a fleet's CPU paths can be
+            # counted and an AVX2-only or torch-ops server found by query.
+            Gauge(
+                "llm_compute_path_info",
+                "What computes the model: device, CPU ISA level (serving and best) and ops",
+                ["device", "isa", "best_isa", "decoder_ops"],
+                registry=self.registry,
+            ).labels(
+                compute_path.device,
+                compute_path.isa or "",
+                compute_path.best_isa or "",
+                compute_path.decoder_ops,
+            ).set(1)
         self.requests = Counter(
             "llm_requests",
             "Requests by endpoint and outcome",

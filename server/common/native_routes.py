@@ -92,6 +92,7 @@ def build_native_router(service: GenerationService) -> APIRouter:
             model=service.model_id,
             max_model_len=backend.max_model_len,
             load=backend.load_report(),
+            compute=backend.compute_path,
         )
 
     @router.get("/metrics")

@@ -41,6 +41,7 @@ class AsyncEngine(GenerationBackend):
         self.model_id = model_id
         self.max_model_len = engine.max_model_len
         self.tokenizer = engine.tokenizer
+        self.compute_path = engine.runner.compute_path
         self._commands: list[tuple[str, Any]] = []
         self._wakeup = threading.Condition()
         self._streams: dict[str, asyncio.Queue[RequestOutput | APIError]] = {}

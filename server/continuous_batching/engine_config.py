@@ -89,6 +89,12 @@ class ModelLoadingConfig(_Section):
         "torch ops run, with a warning, when they cannot be built; LLM_SUITE_CPU_KERNELS=0 also "
         "turns them off)",
     )
+    cpu_isa: Literal["auto", "generic", "avx2", "avx512", "avx512_bf16"] = Field(
+        default="auto",
+        description="on a CPU, the ISA level of the fused kernels: auto picks the best this CPU "
+        "has (or LLM_SUITE_CPU_ISA, when set); a lower one forces that path (testing, "
+        "comparison); one above the CPU's is capped to it, with a warning; generic runs torch ops",
+    )
     enforce_eager: bool = Field(
         default=False,
         description="never capture CUDA graphs (decode steps replay graphs only on cuda with "

@@ -98,6 +98,10 @@ class ModelRunner:
             self.model.decoder_ops.name,
             "CUDA graphs" if self.decode_graphs is not None else "eager",
         )
+        #: What computes the forward, for the log, /health and /metrics.
+        self.compute_path = self.model.compute_path()
+        if self.device.type == "cpu":
+            logger.info("CPU path: %s", self.compute_path.summary)
 
     # -- the KV cache ----------------------------------------------------------------------
     @property

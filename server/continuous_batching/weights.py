@@ -27,6 +27,7 @@ import torch
 from safetensors import safe_open
 
 from .engine_config import ModelLoadingConfig
+from .model import cpu_isa
 from .model.architecture import ModelArchConfig
 from .model.llama import LlamaForCausalLM
 from .quantization.gptq import (
@@ -153,6 +154,7 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
     """
     dtype = TORCH_DTYPES[config.torch_dtype]
     device = torch.device(config.device)
+    cpu_path = cpu_isa.resolve(config.cpu_isa)
     model_path = config.model_name_or_path
     gguf = config.gguf_path
     if gguf is not None:
@@ -160,14 +162,14 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         arch = read_gguf_config(reader)
         config.check_checkpoint_model_type(arch.model_type)
         model = LlamaForCausalLM(
-            arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels
+            arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels, cpu_path=cpu_path
         )
         assign_weights(model, iter_gguf(reader, arch))
     else:
         arch = read_arch_config(model_path)
         config.check_checkpoint_model_type(arch.model_type)
         model = LlamaForCausalLM(
-            arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels
+            arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels, cpu_path=cpu_path
         )
         gptq = read_gptq_config(model_path, config.gptq_config_base_name)
         if config.quantize_method == "gptq" and gptq is None:

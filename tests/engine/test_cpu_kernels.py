@@ -1,8 +1,10 @@
-"""The fused CPU kernels (C++ extension) against the torch reference ops and exact float64 math.
+"""The fused CPU kernels (C++ extension) against the torch reference ops and exact float64 math,
+at every ISA level this CPU can run (each built with only its own -m flags).
 
-The extension is built by ``make venv`` (``python -m server.continuous_batching.model.
-cpu_kernels``); here ``load()`` finds it, or builds it once. Where it cannot be built the
-kernel tests skip with the reason, except on CI, which builds it and must run them.
+The extensions are built by ``make kernels`` (``python -m server.continuous_batching.model.
+cpu_kernels``, every runnable level); here ``load()`` finds them, or builds them once. Where
+one cannot be built its tests skip with the reason, except on CI, which builds them and must
+run them.
 """
 
 from __future__ import annotations
@@ -21,17 +23,18 @@ from server.continuous_batching.model.decoder_ops import (
     decoder_ops_for,
 )
 from server.continuous_batching.model.paged_attention import PagedAttention
+from tests.support.cpu_paths import kernel_levels
 
 BLOCK_SIZE = 16
 CPU = torch.device("cpu")
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
 
 
-@pytest.fixture(scope="module")
-def kernels():
-    module = cpu_kernels.load()
+@pytest.fixture(scope="module", params=kernel_levels())
+def kernels(request):
+    module = cpu_kernels.load(request.param)
     if module is None:
-        why = "the fused CPU kernels could not be built (see the log)"
+        why = f"the fused CPU kernels ({request.param}) could not be built (see the log)"
         if os.environ.get("CI"):
             pytest.fail(why)  # make venv builds them on CI: a missing build is a broken setup
         pytest.skip(why)
@@ -120,7 +123,7 @@ def test_attention_through_paged_attention_backend(kernels) -> None:
     kernel_meta = build_attention_metadata(
         [1, 1, 1], context_lens, tables, BLOCK_SIZE, CPU, with_decode_tables=True
     )
-    attention = PagedAttention(kernel_meta, 9, 3, 64, torch.float32, "cpu", BLOCK_SIZE)
+    attention = PagedAttention(kernel_meta, 9, 3, 64, torch.float32, "cpu", BLOCK_SIZE, kernels)
     assert attention.is_kernel_step
     torch_meta = build_attention_metadata([1, 1, 1], context_lens, tables, BLOCK_SIZE, CPU)
     expected = PagedAttention(torch_meta, 9, 3, 64, torch.float32)(q, k_cache, v_cache)
@@ -163,7 +166,7 @@ def test_mixed_step_through_the_kernel(kernels, dtype) -> None:
         query_lens, context_lens, tables, BLOCK_SIZE, CPU, True, kernel_takes_prefill=True
     )
     assert kernel_meta.decode is not None and not kernel_meta.groups
-    attention = PagedAttention(kernel_meta, 9, 3, 64, dtype, "cpu", BLOCK_SIZE)
+    attention = PagedAttention(kernel_meta, 9, 3, 64, dtype, "cpu", BLOCK_SIZE, kernels)
     assert attention.is_kernel_step
     torch_meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, CPU)
     expected = PagedAttention(torch_meta, 9, 3, 64, dtype)(q, k_cache, v_cache)
@@ -280,22 +283,27 @@ def test_refine_logits(kernels, dtype, vocab) -> None:
 
 @pytest.mark.parametrize(
     "rows,k,n,with_bias",
-    [(1, 576, 960, False), (5, 64, 100, True), (32, 33, 200, False), (9, 576, 49, True)],
-    ids=["decode1", "tail_rows_bias", "odd_k", "narrow_n"],
+    [
+        (1, 576, 960, False),
+        (5, 64, 100, True),
+        (32, 33, 200, False),
+        (9, 576, 49, True),
+        (3, 577, 1000, True),
+    ],
+    ids=["decode1", "tail_rows_bias", "odd_k", "narrow_n", "single_rows_odd_k"],
 )
 def test_bf16_linear(kernels, rows, k, n, with_bias) -> None:
-    # The extension's bf16 matmul (register tiles of 4 rows x 6 column blocks, tails in rows,
-    # K and N) against float64 math: exact products, float32 sums, one rounding, so never
-    # further from it than the rounding of the result (and than torch's own bf16 matmul).
-    if not kernels.has_bf16_gemm:
-        pytest.skip("this CPU has no AVX512-BF16")
+    # The extension's bf16 matmul (register tiles of rows x column blocks, tails in rows, K
+    # and N; vdpbf16ps or bf16 widened in registers) against float64 math: exact products,
+    # float32 sums, one rounding, so never further from it than the rounding of the result
+    # (and than torch's own bf16 matmul).
     from server.continuous_batching.model.linear import Linear
 
     gen = torch.Generator().manual_seed(rows * k + n)
     x = torch.randn(rows, k, generator=gen).bfloat16()
     weight = torch.randn(n, k, generator=gen).bfloat16()
     bias = torch.randn(n, generator=gen).bfloat16() if with_bias else None
-    linear = Linear(weight, bias, is_packed=True, kernels=kernels)
+    linear = Linear(weight, bias, packing="kernels", kernels=kernels)
     assert linear.kernels is kernels
     out = linear(x)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, n)
@@ -306,7 +314,7 @@ def test_bf16_linear(kernels, rows, k, n, with_bias) -> None:
 
 
 def test_build_failure_falls_back_to_torch_ops(monkeypatch, caplog) -> None:
-    def broken(verbose: bool) -> None:
+    def broken(isa: str, verbose: bool) -> None:
         raise OSError("g++: not found")
 
     monkeypatch.setattr(cpu_kernels, "_build", broken)
@@ -315,7 +323,7 @@ def test_build_failure_falls_back_to_torch_ops(monkeypatch, caplog) -> None:
         with caplog.at_level(logging.WARNING):
             ops = decoder_ops_for(CPU, use_cpu_kernels=True)
         assert ops.attention_backend == "torch"
-        assert "fused CPU kernels unavailable (OSError: g++: not found)" in caplog.text
+        assert "unavailable (OSError: g++: not found)" in caplog.text
     finally:
         cpu_kernels.load.cache_clear()
 
@@ -333,10 +341,11 @@ def test_switched_off_by_environment_or_config(monkeypatch) -> None:
 def test_a_build_killed_midway_does_not_block_later_loads(kernels) -> None:
     # cpp_extension's lock file, left behind by a process killed while building, made every
     # later load wait forever; the flock around the build proves it stale and removes it.
-    (cpu_kernels.build_directory() / "lock").touch()
+    level = kernel_levels()[0]
+    (cpu_kernels.build_directory(level) / "lock").touch()
     cpu_kernels.load.cache_clear()
     try:
-        assert cpu_kernels.load() is not None
-        assert not (cpu_kernels.build_directory() / "lock").exists()
+        assert cpu_kernels.load(level) is not None
+        assert not (cpu_kernels.build_directory(level) / "lock").exists()
     finally:
         cpu_kernels.load.cache_clear()

@@ -15,7 +15,8 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from . import cpu_kernels
+from . import cpu_isa, cpu_kernels
+from .cpu_isa import CpuPath
 from .paged_attention import AttentionBackend, PagedAttention
 from .rotary import apply_rope
 
@@ -92,11 +93,11 @@ class TorchDecoderOps:
 class FusedCpuDecoderOps(TorchDecoderOps):
     """The same steps as single passes of the C++ extension (CPU tensors only)."""
 
-    name = "fused CPU kernels"
     attention_backend: AttentionBackend = "cpu"
 
-    def __init__(self, module: ModuleType) -> None:
+    def __init__(self, module: ModuleType, isa: str = "") -> None:
         self.module = module
+        self.name = f"fused CPU kernels ({isa})" if isa else "fused CPU kernels"
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """See ``TorchDecoderOps.rms_norm``."""
@@ -134,10 +135,14 @@ class FusedCpuDecoderOps(TorchDecoderOps):
         )
 
 
-def decoder_ops_for(device: torch.device, use_cpu_kernels: bool) -> TorchDecoderOps:
-    """Fused kernels on a CPU when asked for and buildable; else the torch reference."""
+def decoder_ops_for(
+    device: torch.device, use_cpu_kernels: bool, cpu_path: CpuPath | None = None
+) -> TorchDecoderOps:
+    """Fused kernels of the ``cpu_path`` level (default: the CPU's best) on a CPU when asked
+    for and buildable; else the torch reference (always so at the generic level)."""
     if device.type == "cpu" and use_cpu_kernels:
-        module = cpu_kernels.load()
+        level = (cpu_path or cpu_isa.resolve()).level
+        module = cpu_kernels.load(level)
         if module is not None:
-            return FusedCpuDecoderOps(module)
+            return FusedCpuDecoderOps(module, level)
     return TorchDecoderOps()

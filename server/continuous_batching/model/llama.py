@@ -11,19 +11,25 @@ no host synchronisation happen inside the forward.
 
 from __future__ import annotations
 
+import logging
 from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import triton_paged_attention
+from protocol.health import ComputePath
+
+from . import cpu_isa, triton_paged_attention
 from .architecture import ModelArchConfig
 from .attention import AttentionMetadata
+from .cpu_isa import CpuPath
 from .decoder_ops import TorchDecoderOps, decoder_ops_for
-from .linear import Linear, LinearLike, can_prepack
+from .linear import Linear, LinearLike, Packing, choose_packing
 from .paged_attention import AttentionBackend, PagedAttention
 from .rotary import RotaryTables
+
+logger = logging.getLogger(__name__)
 
 __all__ = [
     "LlamaDecoderLayer",
@@ -87,11 +93,11 @@ class LlamaDecoderLayer(nn.Module):
         self.inter = inter
         #: Matmuls installed by ``replace_linears`` (quantised); ``finalize`` keeps them.
         self.replaced: set[str] = set()
-        self.finalize(is_packed=False)
+        self.finalize("none")
 
-    def finalize(self, is_packed: bool, kernels: ModuleType | None = None) -> None:
-        """Build the dense matmul callables from the (loaded) parameters (``kernels``: the
-        fused CPU extension, whose bf16 matmul then runs them; see ``Linear``).
+    def finalize(self, packing: Packing, kernels: ModuleType | None = None) -> None:
+        """Build the dense matmul callables from the (loaded) parameters, packed as
+        ``packing`` says (``kernels``: the fused CPU extension; see ``Linear``).
 
         Prepacking is final: the plain weights are released (the packed copy replaces them),
         so the model holds each matrix once.
@@ -102,8 +108,8 @@ class LlamaDecoderLayer(nn.Module):
             param = getattr(self, weight)
             if param is None or param.numel() == 0:
                 raise RuntimeError("finalize() after prepacking: the plain weights are gone")
-            setattr(self, name, Linear(param, getattr(self, bias), is_packed, kernels))
-            if is_packed:
+            setattr(self, name, Linear(param, getattr(self, bias), packing, kernels))
+            if packing != "none":
                 param.data = param.data.new_empty(0)
 
     def replace_linears(self, linears: dict[str, LinearLike]) -> None:
@@ -196,12 +202,15 @@ class LlamaForCausalLM(nn.Module):
         dtype: torch.dtype,
         device: torch.device,
         use_cpu_kernels: bool = True,
+        cpu_path: CpuPath | None = None,
     ) -> None:
-        """``use_cpu_kernels``: on a CPU, run the fused C++ kernels when they can be built."""
+        """``use_cpu_kernels``: on a CPU, run the fused C++ kernels of ``cpu_path``'s ISA
+        level (default: ``cpu_isa.resolve()``, the CPU's best) when they can be built."""
         super().__init__()
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
+        self.cpu_path = cpu_path or cpu_isa.resolve()
         self.embed_tokens = _param((config.vocab_size, config.hidden_size), dtype, self.device)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)
@@ -213,10 +222,10 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = _param((config.vocab_size, config.hidden_size), dtype, self.device)
         self.rotary = RotaryTables(config, dtype, self.device)
         self.residual_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-        self.lm_head_linear = Linear(self.lm_head, None, is_packed=False)
+        self.lm_head_linear = Linear(self.lm_head, None)
         self.decoder_ops: TorchDecoderOps
         self.attention_backend: AttentionBackend
-        self.set_decoder_ops(decoder_ops_for(self.device, use_cpu_kernels))
+        self.set_decoder_ops(decoder_ops_for(self.device, use_cpu_kernels, self.cpu_path))
 
     def set_decoder_ops(self, ops: TorchDecoderOps) -> None:
         """Run the element-wise steps with ``ops`` and pick the matching attention backend:
@@ -229,14 +238,38 @@ class LlamaForCausalLM(nn.Module):
         else:
             self.attention_backend = ops.attention_backend
 
-    def finalize(self, prepack: bool | None = None) -> None:
-        """Call once the weights are loaded: prepacks CPU matmul weights when possible
-        (``prepack=None`` decides by device and dtype)."""
-        is_packed = can_prepack(self.device, self.dtype) if prepack is None else prepack
+    def finalize(self) -> None:
+        """Call once the weights are loaded: packs CPU matmul weights where some packing runs
+        on this CPU (``linear.choose_packing``)."""
         kernels = self.decoder_ops.module
+        packing = choose_packing(self.device, self.dtype, self.cpu_path, kernels)
         for layer in self.layers:
-            layer.finalize(is_packed, kernels)
-        self.lm_head_linear = Linear(self.lm_head, None, is_packed, kernels)
+            layer.finalize(packing, kernels)
+        self.lm_head_linear = Linear(self.lm_head, None, packing, kernels)
+        if self.device.type == "cpu" and self.dtype != torch.float32 and packing == "none":
+            # Served all the same, by the best there is here: torch's own 16-bit matmul.
+            name = str(self.dtype).removeprefix("torch.")
+            logger.warning(
+                "%s weights have no fast matmul on this CPU path (%s): torch's %s matmul "
+                "runs, measured about 4x slower than float32 at batch 32 on an AVX2 CPU; "
+                "torch_dtype float32 is faster here, at twice the memory",
+                name,
+                self.cpu_path.describe(name, kernels is not None),
+                name,
+            )
+
+    def compute_path(self) -> ComputePath:
+        """The device, ISA level and ops that run this model (for the log and /health)."""
+        ops = self.decoder_ops.name
+        if self.device.type != "cpu":
+            summary = f"decoder ops: {ops}"
+            return ComputePath(device=str(self.device), decoder_ops=ops, summary=summary)
+        path = self.cpu_path
+        dtype_name = str(self.dtype).removeprefix("torch.")
+        summary = path.describe(dtype_name, kernels_loaded=self.decoder_ops.module is not None)
+        return ComputePath(
+            device="cpu", isa=path.level, best_isa=path.best_level, decoder_ops=ops, summary=summary
+        )
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
         """Map each Hugging Face tensor name to (our parameter, first row, end row): fused
@@ -276,6 +309,7 @@ class LlamaForCausalLM(nn.Module):
             self.dtype,
             backend=self.attention_backend,
             block_size=block_size,
+            kernels=self.decoder_ops.module,
         )
         # 16-bit models keep the residual stream in float32: each layer adds its output to
         # it without rounding, which keeps bfloat16 logits about twice as close to float32.

@@ -42,7 +42,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from . import cpu_kernels, triton_paged_attention
+from . import triton_paged_attention
 from .attention import AttentionGroup, AttentionMetadata
 
 #: Up to this many kv heads, decode uses the block-diagonal query layout (see module doc).
@@ -59,13 +59,6 @@ def _block_diagonal_mask(
     kv_of_head = torch.arange(kv_heads * rep, device=device) // rep
     own = kv_of_head[:, None] == torch.arange(kv_heads, device=device)[None, :]
     return own.to(dtype).unsqueeze(-1)
-
-
-def _cpu_kernels() -> ModuleType:
-    module = cpu_kernels.load()
-    if module is None:  # the model picks the cpu backend only when they loaded
-        raise RuntimeError("the cpu attention backend needs the fused CPU kernels")
-    return module
 
 
 @dataclass
@@ -95,14 +88,19 @@ class PagedAttention:
         dtype: torch.dtype,
         backend: AttentionBackend = "torch",
         block_size: int = 0,
+        kernels: ModuleType | None = None,
     ) -> None:
-        """``block_size`` is only read by the kernel backends (they address slots)."""
+        """``block_size`` is only read by the kernel backends (they address slots);
+        ``kernels``, the fused CPU extension (``cpu_kernels.load``), only by the cpu one."""
         self.meta = meta
         self.backend = backend
         #: A kernel runs this step (decode-only, triton or cpu backend); else torch.
         self.is_kernel_step = backend != "torch" and meta.decode is not None
         if self.is_kernel_step and block_size < 1:
             raise ValueError(f"the {backend} backend needs the cache's block_size")
+        if backend == "cpu" and kernels is None:
+            raise ValueError("the cpu attention backend needs the fused CPU kernels")
+        self.kernels = kernels
         self.block_size = block_size
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
@@ -160,7 +158,7 @@ class PagedAttention:
         K/V. Returns [T, heads * head_dim] in flat token order."""
         if self.is_kernel_step and self.backend == "cpu":
             decode = self.meta.decode
-            out = _cpu_kernels().paged_decode_attention(
+            out = self.kernels.paged_decode_attention(
                 q,
                 k_cache,
                 v_cache,

@@ -12,18 +12,22 @@ a CPU:
 * ``rope_write_kv``: RoPE on q and k plus the step's K/V cache writes;
 * ``refine_logits``: the 16-bit lm_head output widened to float32, each row's best candidates
   recomputed exactly;
-* ``bf16_linear`` (CPUs with AVX512-BF16): the bfloat16 matmul of every linear layer, from
-  weights packed once by ``pack_bf16_weight``.
+* ``bf16_linear``: the bfloat16 matmul of every linear layer, from weights packed once by
+  ``pack_bf16_weight`` (vdpbf16ps on AVX512-BF16; elsewhere bf16 widened to float32 in
+  registers, a 16-bit shift, so the weights stay at two bytes each in memory).
 
 They compute in float32 (products of bf16 pairs exactly) and round once, so they are at least
 as exact as the torch ops they replace, which stay the reference the tests compare them with
 and the path on other devices.
 
-The extension is compiled with ``torch.utils.cpp_extension`` (g++, ninja, ``-O3
--march=native``) into a cache folder keyed by the source, torch version and CPU, so a machine
-builds it once: ``make venv`` runs ``python -m server.continuous_batching.model.cpu_kernels``
-and the engine builds it on first use if that did not happen. When it cannot be built (no
-compiler, say), ``load()`` logs why and returns None, and the engine runs the torch ops.
+The extension is compiled once per ISA level (``cpu_isa.LEVELS``: avx2, avx512, avx512_bf16)
+with ``torch.utils.cpp_extension`` (g++, ninja, ``-O3`` and the level's own ``-m`` flags, never
+``-march=native``) into a cache folder keyed by the source, torch version and level, and loaded
+as a module named after the level, so one process can hold several (the tests compare them).
+``make kernels`` runs ``python -m server.continuous_batching.model.cpu_kernels``, which builds
+every level this CPU can run; the engine builds its own level on first use if that did not
+happen. When it cannot be built (no compiler, say), ``load()`` logs why and returns None, and
+the engine runs the torch ops. The generic level has no kernels: torch ops.
 """
 
 from __future__ import annotations
@@ -32,12 +36,11 @@ import fcntl
 import hashlib
 import logging
 import os
-import platform
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from types import ModuleType
 
@@ -46,41 +49,42 @@ import torch
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
+#: Everything the build reads: the one .cpp and the headers it includes.
+SOURCES = sorted(SOURCE.parent.glob("*.[ch]*"))
 #: Set to "0" to never build or load the extension (the torch ops run instead).
 ENV_SWITCH = "LLM_SUITE_CPU_KERNELS"
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-std=c++17"]
+FLAGS = ["-O3", "-fopenmp", "-std=c++17"]
+_AVX2 = ["-mavx2", "-mfma", "-mf16c"]
+_AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
+#: The instruction-set flags of each level's build (the generic level builds nothing).
+ISA_FLAGS: dict[str, list[str]] = {
+    "avx2": _AVX2,
+    "avx512": _AVX512,
+    "avx512_bf16": [*_AVX512, "-mavx512bf16"],
+}
 #: Longest wait for another process's build of the same folder (a build takes about a minute).
 BUILD_TIMEOUT_SECONDS = 600
 
 
-def _cpu_signature() -> str:
-    """The CPU's model and feature flags: -march=native code must not move to another CPU."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    wanted = ("model name", "flags", "Features", "CPU part")
-    lines = {line.split(":")[0].strip(): line for line in text.splitlines() if ":" in line}
-    return "\n".join(lines.get(key, "") for key in wanted)
-
-
-def build_directory() -> Path:
-    """Where the extension is (or will be) built: one folder per source, torch and CPU."""
+def build_directory(isa: str) -> Path:
+    """Where the ``isa`` build is (or will be): one folder per source, torch, flags and level."""
     key = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), torch.__version__.encode(), _cpu_signature().encode()):
-        key.update(part)
+    sources = [path.read_bytes() for path in SOURCES if path.suffix in (".cpp", ".h")]
+    parts = (*sources, torch.__version__, " ".join(FLAGS + ISA_FLAGS[isa]), isa)
+    for part in parts:
+        key.update(part if isinstance(part, bytes) else part.encode())
         key.update(b"\0")
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "llm_suite" / "cpu_kernels" / key.hexdigest()[:16]
+    return Path(base) / "llm_suite" / "cpu_kernels" / f"{isa}-{key.hexdigest()[:16]}"
 
 
-def _build(verbose: bool) -> ModuleType:
+def _build(isa: str, verbose: bool) -> ModuleType:
     from torch.utils import cpp_extension
 
-    folder = build_directory()
+    folder = build_directory(isa)
     folder.mkdir(parents=True, exist_ok=True)
     with _build_lock(folder):
-        return _load_locked(cpp_extension, folder, verbose)
+        return _load_locked(cpp_extension, folder, isa, verbose)
 
 
 @contextmanager
@@ -108,34 +112,38 @@ def _build_lock(folder: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _load_locked(cpp_extension: ModuleType, folder: Path, verbose: bool) -> ModuleType:
+def _load_locked(cpp_extension: ModuleType, folder: Path, isa: str, verbose: bool) -> ModuleType:
     # ninja may come from the venv's bin folder, which is not on PATH unless activated.
     bin_dir = str(Path(sys.executable).parent)
     if bin_dir not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = bin_dir + os.pathsep + os.environ.get("PATH", "")
     return cpp_extension.load(
-        name="llm_suite_cpu_kernels",
+        name=f"llm_suite_cpu_kernels_{isa}",
         sources=[str(SOURCE)],
-        extra_cflags=FLAGS,
+        extra_cflags=FLAGS + ISA_FLAGS[isa],
         extra_ldflags=["-fopenmp"],
         build_directory=str(folder),
         verbose=verbose,
     )
 
 
-@lru_cache(maxsize=1)
-def load(verbose: bool = False) -> ModuleType | None:
-    """The compiled kernels, building them if needed; None (logged once) when they cannot be
-    built or are switched off with ``LLM_SUITE_CPU_KERNELS=0``."""
+@cache
+def load(isa: str, verbose: bool = False) -> ModuleType | None:
+    """The kernels compiled for ``isa`` (a ``cpu_isa.LEVELS`` name the CPU can run), building
+    them if needed; None for the generic level, and (logged once) when they cannot be built
+    or are switched off with ``LLM_SUITE_CPU_KERNELS=0``."""
+    if isa not in ISA_FLAGS:
+        return None
     if os.environ.get(ENV_SWITCH, "1") == "0":
         logger.info("fused CPU kernels switched off (%s=0): using torch ops", ENV_SWITCH)
         return None
     try:
-        return _build(verbose)
+        return _build(isa, verbose)
     except Exception as exc:  # noqa: BLE001 - any build failure means: run the torch ops
         logger.warning(
-            "fused CPU kernels unavailable (%s: %s); decoding on the CPU runs the slower torch "
-            "ops. Build them with: python -m server.continuous_batching.model.cpu_kernels",
+            "fused CPU kernels (%s) unavailable (%s: %s); decoding on the CPU runs the slower "
+            "torch ops. Build them with: python -m server.continuous_batching.model.cpu_kernels",
+            isa,
             type(exc).__name__,
             str(exc).splitlines()[0] if str(exc) else "",
         )
