@@ -180,7 +180,7 @@ def resolve(requested: str = "auto") -> CpuPath:
     level = best
     env_value = os.environ.get(ENV_ISA, "").strip().lower()
     if requested != "auto":
-        level, chosen_by = requested, "cpu_isa"
+        level, chosen_by = requested, f"cpu_isa={requested}"
     elif env_value not in ("", "auto"):
         level, chosen_by = env_value, f"{ENV_ISA}={env_value}"
     if level not in LEVELS:
