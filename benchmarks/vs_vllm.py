@@ -152,7 +152,7 @@ def vllm_spec(args: argparse.Namespace, workload: str, model: Path) -> dict[str,
     requests = build_workload(workload, tokenizer, args.num_prompts, args.max_new_tokens)
     return {
         "model": str(model),
-        "dtype": args.dtype,
+        "dtype": vllm_dtype(args),
         "warmup_prompt_token_ids": render_chat(tokenizer, WARMUP_MESSAGES),
         "requests": [
             {"prompt_token_ids": r.prompt_token_ids, "max_new_tokens": r.max_new_tokens}
@@ -160,6 +160,11 @@ def vllm_spec(args: argparse.Namespace, workload: str, model: Path) -> dict[str,
         ],
         "llm_kwargs": json.loads(args.vllm_llm_kwargs),
     }
+
+
+def vllm_dtype(args: argparse.Namespace) -> str:
+    """The dtype vLLM runs in: ``--vllm-dtype``, else ours."""
+    return args.vllm_dtype or args.dtype
 
 
 def run_ours_offline(args: argparse.Namespace, workload: str, model: Path, work: Path) -> dict:
@@ -200,6 +205,7 @@ def offline(args: argparse.Namespace) -> dict[str, Any]:
     model = ensure_default_model(args.model)
     work = Path(tempfile.mkdtemp(prefix="vs_vllm_offline_"))
     result: dict[str, Any] = {"mode": "offline", "dtype": args.dtype, "work_dir": str(work)}
+    result["vllm_dtype"] = vllm_dtype(args)
     result |= {"num_threads": args.num_threads, "repeats": args.repeats, "workloads": {}}
     for workload in args.workload:
         spec = vllm_spec(args, workload, model)
@@ -239,7 +245,8 @@ def offline(args: argparse.Namespace) -> dict[str, Any]:
 
 def print_offline(result: dict[str, Any]) -> None:
     """One row per workload: every run's tok/s per side, the medians and ours / vLLM."""
-    print(f"\noffline, {result['dtype']}, {result['num_threads']} threads; ratio = ours / vLLM")
+    dtypes = f"ours {result['dtype']}, vLLM {result.get('vllm_dtype', result['dtype'])}"
+    print(f"\noffline, {dtypes}, {result['num_threads']} threads; ratio = ours / vLLM")
     print(f"{'workload':<10}{'requests':>9}{'tokens':>8}  {'ours tok/s':<22}{'vLLM tok/s':<22}"
           f"{'ours med':>9}{'vLLM med':>9}{'ratio':>7}  per repeat")  # fmt: skip
     for name, w in result["workloads"].items():
@@ -298,7 +305,7 @@ def vllm_server(args: argparse.Namespace, model: Path, work: Path) -> Iterator[s
     if not port_is_free(args.vllm_port):
         raise RuntimeError(f"port {args.vllm_port} is in use; pick another (--vllm-port)")
     serve = [str(args.vllm_venv / "bin" / "vllm"), "serve", str(model)]
-    serve += ["--host", "127.0.0.1", "--port", str(args.vllm_port), "--dtype", args.dtype]
+    serve += ["--host", "127.0.0.1", "--port", str(args.vllm_port), "--dtype", vllm_dtype(args)]
     serve += ["--served-model-name", args.model_name, "--seed", "0"]
     serve += shlex.split(args.vllm_serve_args)
     log = work / "vllm_serve.log"
@@ -461,6 +468,7 @@ def serving(args: argparse.Namespace) -> dict[str, Any]:
                 errors.append(f"{side}, round {round_}: {exc}")
                 print(f"FAILED: {errors[-1]}", flush=True)
     result = {"mode": "serving", "work_dir": str(work), "model": args.model_name}
+    result |= {"dtype": args.dtype, "vllm_dtype": vllm_dtype(args)}
     result |= {"config": {k: str(v) for k, v in vars(args).items() if k != "func"}}
     result |= {"records": records, "ratios": serving_ratios(records), "errors": errors}
     print_serving(result)
@@ -512,7 +520,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     venv_help = f"venv of setup_vllm_cpu.sh (default {DEFAULT_VLLM_VENV})"
     common.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV, help=venv_help)
     common.add_argument("--model", type=Path, help="HF model folder (default: SmolLM2)")
-    common.add_argument("--dtype", choices=("bfloat16", "float32"), default="bfloat16")
+    common.add_argument(
+        "--dtype",
+        choices=("bfloat16", "float32"),
+        default="bfloat16",
+        help="our dtype, and vLLM's unless --vllm-dtype (bfloat16)",
+    )
+    common.add_argument(
+        "--vllm-dtype",
+        choices=("bfloat16", "float32"),
+        help="vLLM's dtype, to give it its best on this CPU: on an AVX2-only "
+        "CPU vLLM's bfloat16 is several times slower than its float32",
+    )
     common.add_argument("--json", type=Path, help="write the result as JSON here")
     common.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (1800)")
     load_help = "before each run, wait (<= 10 min) until the 1-minute load average is < LOAD"

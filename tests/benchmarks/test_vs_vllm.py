@@ -99,3 +99,18 @@ def test_each_run_draws_its_own_prompts() -> None:
     seeds = [vs_vllm.run_seed(r, i) for r in range(3) for i in range(6)]
     assert len(set(seeds)) == len(seeds)
     assert vs_vllm.WARMUP_SEED not in seeds
+
+
+def test_vllm_may_run_in_a_dtype_of_its_own(capsys: pytest.CaptureFixture) -> None:
+    # On an AVX2-only CPU vLLM's best is float32 while ours stays bfloat16.
+    import argparse
+
+    assert vs_vllm.vllm_dtype(argparse.Namespace(dtype="bfloat16", vllm_dtype=None)) == "bfloat16"
+    both = argparse.Namespace(dtype="bfloat16", vllm_dtype="float32")
+    assert vs_vllm.vllm_dtype(both) == "float32"
+    workload = {"num_requests": 4, "num_output_tokens": 64, "ours_tokens_per_s": [12.0]}
+    workload |= {"vllm_tokens_per_s": [6.0], "ours_median": 12.0, "vllm_median": 6.0}
+    workload |= {"ratio_of_medians": 2.0, "ratio_per_repeat": [2.0]}
+    result = {"dtype": "bfloat16", "vllm_dtype": "float32", "num_threads": 2}
+    vs_vllm.print_offline(result | {"workloads": {"uniform": workload}})
+    assert "ours bfloat16, vLLM float32" in capsys.readouterr().out
