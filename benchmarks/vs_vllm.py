@@ -162,6 +162,19 @@ def vllm_spec(args: argparse.Namespace, workload: str, model: Path) -> dict[str,
     }
 
 
+def stand_in_environment(isa: str) -> dict[str, str]:
+    """The variables that make both sides run as on a CPU of ``isa`` (``--stand-in-isa``);
+    every subprocess of either side inherits them."""
+    if isa != "avx2":
+        raise ValueError(f"no stand-in for {isa!r}")
+    return {
+        "LLM_SUITE_CPU_ISA": "avx2",
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+        "PEER_VLLM_STAND_IN_ISA": "avx2",
+    }
+
+
 def vllm_dtype(args: argparse.Namespace) -> str:
     """The dtype vLLM runs in: ``--vllm-dtype``, else ours."""
     return args.vllm_dtype or args.dtype
@@ -532,6 +545,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="vLLM's dtype, to give it its best on this CPU: on an AVX2-only "
         "CPU vLLM's bfloat16 is several times slower than its float32",
     )
+    common.add_argument(
+        "--stand-in-isa",
+        choices=("avx2",),
+        help="both sides as on a CPU of this ISA: ours forced to it (LLM_SUITE_CPU_ISA), "
+        "torch and oneDNN capped (ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA), vLLM made to load "
+        "its own build for it (peers/stand_in_avx2)",
+    )
     common.add_argument("--json", type=Path, help="write the result as JSON here")
     common.add_argument("--timeout", type=float, default=1800.0, help="seconds per run (1800)")
     load_help = "before each run, wait (<= 10 min) until the 1-minute load average is < LOAD"
@@ -580,9 +600,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     """Run the chosen comparison; print its table, write the JSON if asked; return it."""
     args = parse_args(argv)
+    if args.stand_in_isa:
+        os.environ.update(stand_in_environment(args.stand_in_isa))
     start_load = load_average()
     result = args.func(args) | {"load_average_at_start": start_load, **run_environment()}
     result["vllm_environment"] = vllm_environment(args.vllm_venv)
+    result["stand_in_isa"] = args.stand_in_isa
     if args.json:
         write_json(result, args.json)
         print(f"wrote {args.json}")

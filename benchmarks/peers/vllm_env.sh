@@ -14,6 +14,11 @@ case ":${PYTHONPATH:-}:" in
   *":$PEER_VLLM_SHIM:"*) ;;
   *) export PYTHONPATH=$PEER_VLLM_SHIM${PYTHONPATH:+:$PYTHONPATH} ;;
 esac
+# vs_vllm.py --stand-in-isa avx2: vLLM loads its AVX2 build, as on an AVX2-only CPU
+# (stand_in_avx2/sitecustomize.py says how).
+if [ "${PEER_VLLM_STAND_IN_ISA:-}" = avx2 ]; then
+  export PYTHONPATH=$_vllm_here/stand_in_avx2:$PYTHONPATH
+fi
 # vLLM's CPU guide preloads tcmalloc and Intel's OpenMP (libiomp5, a dependency that the venv
 # has) "for best performance", and warns at start-up without them: measure the peer as its
 # authors tell users to run it. PEER_VLLM_PRELOAD=0 runs it without (the default allocator and

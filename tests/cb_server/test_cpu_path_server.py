@@ -20,6 +20,7 @@ import pytest
 
 from server.continuous_batching.model.cpu_isa import KERNEL_WORDS
 from tests.support.cpu_paths import runnable_levels
+from tests.support.default_model import assert_answers_the_demo_question
 from tests.support.paths import REPO_ROOT
 from tests.support.servers import reserve_socket
 from tests.support.waiting import wait_until
@@ -78,17 +79,7 @@ def test_shipped_config_starts_and_answers_on_a_lower_cpu(
         assert compute["summary"].endswith(f"torch's own CPU kernels: {torch_level}")
         metrics = httpx.get(f"{url}/metrics", timeout=5).text
         assert f'isa="{level}"' in metrics and "llm_compute_path_info{" in metrics
-        answer = httpx.post(
-            f"{url}/v1/chat/completions",
-            json={
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "max_tokens": 12,
-                "temperature": 0,
-            },
-            timeout=60,
-        )
-        assert answer.status_code == 200, answer.text
-        assert "Paris" in answer.json()["choices"][0]["message"]["content"]
+        assert_answers_the_demo_question(url)
         text = log.read_text()
         assert "CPU path: decoder ops:" in text
         if level == "generic":  # bf16 with no fast matmul: served, with a warning of the cost

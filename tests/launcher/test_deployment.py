@@ -17,7 +17,7 @@ from tests.launcher.start_app_runner import (
     run_start_app,
     write_deployment,
 )
-from tests.support.default_model import MODEL_ID
+from tests.support.default_model import assert_answers_the_demo_question
 from tests.support.paths import REPO_ROOT
 from tests.support.servers import reserve_socket
 
@@ -76,18 +76,7 @@ def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
         assert status.returncode == 0, status.stderr
         assert "sb_server" in status.stdout and "client" in status.stdout
 
-        answer = httpx.post(
-            f"http://127.0.0.1:{gateway_port}/v1/chat/completions",
-            json={
-                "model": MODEL_ID,
-                "messages": [{"role": "user", "content": "What is the capital of France?"}],
-                "temperature": 0,
-                "max_tokens": 24,
-            },
-            timeout=120,
-        )
-        assert answer.status_code == 200, answer.text
-        assert "Paris" in answer.json()["choices"][0]["message"]["content"]
+        assert_answers_the_demo_question(f"http://127.0.0.1:{gateway_port}")
         # Both servers are up; the gateway sends the model's traffic to the CB server.
         backends = httpx.get(f"http://127.0.0.1:{gateway_port}/backends", timeout=10).json()
         assert [b["is_healthy"] for b in backends["backends"]] == [True, True], backends

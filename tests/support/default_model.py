@@ -28,3 +28,22 @@ def engine_config(model_path: Path, **cache: object) -> EngineConfig:
             "cache_config": {"num_blocks": 1024, "num_blocks_cpu": 256, "block_size": 16, **cache},
         }
     )
+
+
+def assert_answers_the_demo_question(base_url: str, timeout: float = 120.0) -> None:
+    """POST the demo question to ``base_url``'s OpenAI chat endpoint (greedy) and check that
+    the default model names Paris."""
+    import httpx
+
+    answer = httpx.post(
+        f"{base_url}/v1/chat/completions",
+        json={
+            "model": MODEL_ID,
+            "messages": [{"role": "user", "content": DEMO_QUESTION}],
+            "temperature": 0,
+            "max_tokens": 24,
+        },
+        timeout=timeout,
+    )
+    assert answer.status_code == 200, answer.text
+    assert "Paris" in answer.json()["choices"][0]["message"]["content"]
