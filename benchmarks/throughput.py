@@ -216,6 +216,8 @@ def bench_engine(args: argparse.Namespace, model: Path, requests: list[Request])
         "engine_stats": stats,
         "engine_profile": profiler.summary(seconds),
         "engine_config": engine.config.model_dump(),
+        # Which CPU path ran (ISA level, kernels, torch's own dispatch): levels can be forced.
+        "engine_compute_path": engine.runner.compute_path.model_dump(),
     }
 
 

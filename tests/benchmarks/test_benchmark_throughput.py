@@ -21,7 +21,7 @@ from benchmarks.workloads import (
     mixed_new_tokens,
 )
 from server.continuous_batching import model_runner
-from server.continuous_batching.model import attention
+from server.continuous_batching.model import attention, cpu_isa
 
 REQUIRED_KEYS = {
     "workload",
@@ -76,6 +76,10 @@ def test_throughput_smoke(default_model_path: Path, tmp_path: Path) -> None:
     assert result["engine_stats"]["num_generated_tokens"] == 12
     assert result["transformers_padding_waste"] == 0.0
     assert result["ratio"] > 0
+    # The run says which CPU path served (levels can be forced, so a figure needs its path).
+    path = result["engine_compute_path"]
+    assert path["device"] == "cpu" and path["isa"] in cpu_isa.LEVELS
+    assert path["summary"].startswith("decoder ops: ")
     assert plot_path.stat().st_size > 0
     assert set(result["engine_profile"]["time_split_seconds"]) == {
         "schedule",

@@ -1,4 +1,5 @@
-"""The wheel: it installs the ``llm-suite`` command and carries the shipped configs."""
+"""The wheel: it installs the ``llm-suite`` command and carries the shipped configs and the
+fused CPU kernels' sources."""
 
 from __future__ import annotations
 
@@ -33,3 +34,7 @@ def test_wheel_has_the_console_script_and_the_configs(tmp_path: Path) -> None:
     assert shipped and {f"configs/{name}" for name in shipped} <= names
     assert "launcher/serve.py" in names and "launcher/__main__.py" in names
     assert "chat_ui_app.py" in names  # the launcher runs it by path under streamlit
+    # The fused CPU kernels compile from these on the machine that runs them: every header too.
+    kernels = "server/continuous_batching/model/cpu_kernels"
+    sources = {f"{kernels}/{p.name}" for p in (REPO_ROOT / kernels).glob("*.[ch]*")}
+    assert {f"{kernels}/cpu_kernels.cpp", f"{kernels}/simd.h"} <= sources <= names
