@@ -3,14 +3,10 @@
 The fused CPU kernels (``cpu_kernels``) are compiled once per ISA level, each with its own
 flags (never ``-march=native``, so a build only uses what its level names):
 
-========== =============================== ============================================
-level      needs                           matmuls and attention
-========== =============================== ============================================
-avx512_bf16 AVX-512 F/BW/VL/DQ + BF16       vdpbf16ps on bf16 pairs (AMX CPUs land here)
-avx512     AVX-512 F/BW/VL/DQ              bf16 widened to fp32 in registers, 16 lanes
-avx2       AVX2 + FMA + F16C               bf16 widened to fp32 in registers, 8 lanes
-generic    anything else (old x86, Arm)    plain torch ops (slower, correct)
-========== =============================== ============================================
+* ``avx512_bf16`` (AVX-512 F/BW/VL/DQ + BF16; AMX CPUs land here): vdpbf16ps on bf16 pairs;
+* ``avx512`` (AVX-512 F/BW/VL/DQ): bf16 weights widened to fp32 in registers, 16 lanes;
+* ``avx2`` (AVX2 + FMA + F16C): the same, 8 lanes;
+* ``generic`` (anything else: older x86, Arm): plain torch ops, slower but correct.
 
 ``LLM_SUITE_CPU_ISA`` (or the config's ``cpu_isa``) forces a lower level for testing and
 comparison; it is capped at what the CPU has. oneDNN's bfloat16 weight packing is used only
@@ -38,20 +34,14 @@ logger = logging.getLogger(__name__)
 ENV_ISA = "LLM_SUITE_CPU_ISA"
 #: Lowest first.
 LEVELS = ("generic", "avx2", "avx512", "avx512_bf16")
+_AVX2_FLAGS = ("avx2", "fma", "f16c")
+_AVX512_FLAGS = (*_AVX2_FLAGS, "avx512f", "avx512bw", "avx512vl", "avx512dq")
+#: The /proc/cpuinfo flags each level needs.
 _NEEDS: dict[str, tuple[str, ...]] = {
     "generic": (),
-    "avx2": ("avx2", "fma", "f16c"),
-    "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512vl", "avx512dq"),
-    "avx512_bf16": (
-        "avx2",
-        "fma",
-        "f16c",
-        "avx512f",
-        "avx512bw",
-        "avx512vl",
-        "avx512dq",
-        "avx512_bf16",
-    ),
+    "avx2": _AVX2_FLAGS,
+    "avx512": _AVX512_FLAGS,
+    "avx512_bf16": (*_AVX512_FLAGS, "avx512_bf16"),
 }
 #: Words for the log line and /health.
 KERNEL_WORDS = {
@@ -156,7 +146,7 @@ class CpuPath:
 
     def describe(self, dtype_name: str, kernels_loaded: bool) -> str:
         """One line for the log and /health, e.g. ``decoder ops: AVX2 kernels, bf16 weights,
-        fp32 math (CPU: AMD EPYC, best avx512_bf16; forced by LLM_SUITE_CPU_ISA=avx2)``."""
+        fp32 math (CPU: AMD EPYC, best avx512_bf16; level set by LLM_SUITE_CPU_ISA=avx2)``."""
         weights = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(
             dtype_name, dtype_name
         )
@@ -185,7 +175,9 @@ def resolve(requested: str = "auto") -> CpuPath:
         level, chosen_by = env_value, f"{ENV_ISA}={env_value}"
     if level not in LEVELS:
         choices = ", ".join(LEVELS)
-        raise ValueError(f"unknown CPU ISA level {level!r}: choose one of auto, {choices}")
+        raise ValueError(
+            f"unknown CPU ISA level {level!r} (from {chosen_by}): choose one of auto, {choices}"
+        )
     if LEVELS.index(level) > LEVELS.index(best):
         logger.warning(
             "CPU ISA level %s asked for (%s) but this CPU (%s) has only %s: using %s",
