@@ -50,7 +50,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 #: Everything the build reads: the one .cpp and the headers it includes.
-SOURCES = sorted(SOURCE.parent.glob("*.[ch]*"))
+SOURCES = sorted(p for p in SOURCE.parent.iterdir() if p.suffix in (".cpp", ".h"))
 #: Set to "0" to never build or load the extension (the torch ops run instead).
 ENV_SWITCH = "LLM_SUITE_CPU_KERNELS"
 FLAGS = ["-O3", "-fopenmp", "-std=c++17"]
@@ -69,8 +69,12 @@ BUILD_TIMEOUT_SECONDS = 600
 def build_directory(isa: str) -> Path:
     """Where the ``isa`` build is (or will be): one folder per source, torch, flags and level."""
     key = hashlib.sha256()
-    sources = [path.read_bytes() for path in SOURCES if path.suffix in (".cpp", ".h")]
-    parts = (*sources, torch.__version__, " ".join(FLAGS + ISA_FLAGS[isa]), isa)
+    parts = (
+        *(path.read_bytes() for path in SOURCES),
+        torch.__version__,
+        " ".join(FLAGS + ISA_FLAGS[isa]),
+        isa,
+    )
     for part in parts:
         key.update(part if isinstance(part, bytes) else part.encode())
         key.update(b"\0")
