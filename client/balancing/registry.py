@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections.abc import Collection
@@ -16,6 +15,7 @@ from client.balancing.discovery import DNSDiscovery
 from client.balancing.shared_state import SharedBreakerState
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
+from utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -155,10 +155,7 @@ class BackendRegistry:
     async def stop(self) -> None:
         """Cancel the background refresh and wait for it to end."""
         task, self._heartbeat_task = self._heartbeat_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _heartbeat_loop(self) -> None:
         while True:

@@ -27,6 +27,7 @@ from redis import asyncio as redis_asyncio
 from redis.exceptions import RedisError
 
 from client.backends.base import Backend
+from utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -68,10 +69,7 @@ class SharedBreakerState:
     async def stop(self) -> None:
         """End the sync and close the connection."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for pending in list(self._pending):
             pending.cancel()
         with contextlib.suppress(RedisError, OSError):

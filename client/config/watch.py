@@ -8,7 +8,6 @@ no longer validates is reported in the log and ignored: the running config stays
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 from collections.abc import Awaitable, Callable
@@ -17,6 +16,7 @@ from pathlib import Path
 from client.config.loading import load_client_config
 from client.config.schema import ClientConfig
 from utils.config import ConfigError
+from utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +52,7 @@ class ConfigWatcher:
     async def stop(self) -> None:
         """End the periodic check."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _loop(self) -> None:
         while True:

@@ -10,7 +10,6 @@ keeps answering (health checks included) while the model works.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
@@ -20,6 +19,7 @@ from server.common.compute_thread import ComputeThread
 from server.embedding.config import EmbeddingBatcherConfig
 from server.embedding.encoder import Encoder
 from utils.errors import overloaded
+from utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -57,10 +57,7 @@ class EmbeddingBatcher:
     async def stop(self) -> None:
         """Stop batching; inputs still waiting fail (their callers get an error)."""
         task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
         for item in self._queue:
             if not item.future.done():
                 item.future.set_exception(overloaded("the server is shutting down"))
