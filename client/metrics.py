@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -18,9 +18,6 @@ from prometheus_client.registry import Collector
 
 from client.backends.base import Backend
 from client.balancing.registry import BackendRegistry
-
-if TYPE_CHECKING:
-    from client.gateway_request import GatewayRequest
 
 #: How a request ended, as seen by the gateway.
 Outcome = Literal[
@@ -115,7 +112,7 @@ class GatewayMetrics:
         )
         self._backend_latency = Histogram(
             "gateway_backend_latency_seconds",
-            "Time from receiving a request to the end of one backend's answer",
+            "Time from sending a request to a backend to the end of that backend's answer",
             ["backend"],
             buckets=_DURATION_BUCKETS,
             registry=self.collector_registry,
@@ -142,23 +139,20 @@ class GatewayMetrics:
         self.collector_registry.register(_BackendCollector(registry))
 
     def observe_attempt(
-        self,
-        backend: Backend | None,
-        endpoint: str,
-        outcome: Outcome,
-        request: GatewayRequest | float,
+        self, backend: Backend, endpoint: str, outcome: Outcome, started_at: float
     ) -> None:
-        """Count one attempt (``request`` or its receive time gives the latency)."""
-        backend_label = backend.name if backend is not None else NO_BACKEND
-        self._requests.labels(backend_label, endpoint, outcome).inc()
-        if backend is not None:
-            self._backend_latency.labels(backend_label).observe(_elapsed(request))
+        """Count one attempt on ``backend``, timed from ``started_at`` (when the request was
+        sent there: after a failover, not when the gateway received it)."""
+        self._requests.labels(backend.name, endpoint, outcome).inc()
+        self._backend_latency.labels(backend.name).observe(time.monotonic() - started_at)
 
-    def observe_request(
-        self, endpoint: str, outcome: Outcome, request: GatewayRequest | float
-    ) -> None:
-        """Time one caller request from its receipt to the end of its answer."""
-        self._duration.labels(endpoint, outcome).observe(_elapsed(request))
+    def count_rejected(self, endpoint: str) -> None:
+        """Count a request the gateway refused before any attempt (``backend="none"``)."""
+        self._requests.labels(NO_BACKEND, endpoint, "rejected").inc()
+
+    def observe_request(self, endpoint: str, outcome: Outcome, received_at: float) -> None:
+        """Time one caller request from its receipt (``received_at``) to the end of its answer."""
+        self._duration.labels(endpoint, outcome).observe(time.monotonic() - received_at)
 
     def count_retry(self, backend: Backend, reason: RetryReason) -> None:
         """An attempt on ``backend`` failed in a way another backend may not."""
@@ -172,7 +166,3 @@ class GatewayMetrics:
         """The Prometheus text exposition and its content type."""
         return generate_latest(self.collector_registry), CONTENT_TYPE_LATEST
 
-
-def _elapsed(request: GatewayRequest | float) -> float:
-    received_at = request if isinstance(request, float) else request.received_at
-    return time.monotonic() - received_at

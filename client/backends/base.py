@@ -365,6 +365,8 @@ class InFlightLease:
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
+        #: When the request was sent here: the start of this backend's latency.
+        self.taken_at = time.monotonic()
         self.is_released = False
         #: Set when the backend was marked down while this request waited there.
         self.is_abandoned = False

@@ -157,7 +157,7 @@ class AttemptRunner:
                 f"{type(exc).__name__}: {exc}", self.config.jumper_cooldown_seconds
             )
             lease.release(is_failure=True)
-            self._observe(backend, request, "unreachable")
+            self._observe(lease, request, "unreachable")
             logger.warning("request %s: cannot reach %s: %r", request.request_id, backend.name, exc)
             error = APIError(
                 503,
@@ -200,9 +200,9 @@ class AttemptRunner:
         lease.release(is_failure=True)
         logger.warning("request %s: %s failed: %r", request.request_id, backend.name, exc)
         if isinstance(exc, httpx.TimeoutException):
-            self._observe(backend, request, "timeout")
+            self._observe(lease, request, "timeout")
             return APIError(504, "the model server did not answer in time")
-        self._observe(backend, request, "upstream_broken")
+        self._observe(lease, request, "upstream_broken")
         error = APIError(502, f"the model server's answer broke off ({type(exc).__name__})")
         return Retryable("upstream_broken", error.to_json_response())
 
@@ -218,7 +218,7 @@ class AttemptRunner:
             await response.aclose()
         if translation is not None:
             status, body = translation.error(status, body)
-        self._observe(backend, request, outcome_of_status(status))
+        self._observe(lease, request, outcome_of_status(status))
         body = backend.scrub(body.decode("utf-8", "replace")).encode()
         answer = Response(
             body,
@@ -260,7 +260,7 @@ class AttemptRunner:
             # Closing before the answer is complete drops the connection: the server aborts.
             await response.aclose()
         lease.release(is_failure=False)
-        self._observe(backend, request, "ok")
+        self._observe(lease, request, "ok")
         self.finish(request, "ok", backend)
         if translation is not None:
             body = translation.answer(body)
@@ -295,7 +295,7 @@ class AttemptRunner:
         def on_close(outcome: Outcome) -> None:
             is_failure = None if outcome == "cancelled" else outcome != "ok"
             lease.release(is_failure=is_failure)
-            self._observe(backend, request, outcome)
+            self._observe(lease, request, outcome)
             self.finish(request, outcome, backend)
 
         return StreamRelay(response, first_chunk, chunks, on_close, translator)
@@ -305,19 +305,20 @@ class AttemptRunner:
         while the attempt waited (abandoned: a failure of the backend)."""
         if lease.is_abandoned:
             lease.release(is_failure=True)
-            self._observe(backend, request, "abandoned")
+            self._observe(lease, request, "abandoned")
         else:
             lease.release()
-            self._observe(backend, request, "cancelled")
+            self._observe(lease, request, "cancelled")
 
-    def _observe(self, backend: Backend, request: GatewayRequest, outcome: Outcome) -> None:
+    def _observe(self, lease: InFlightLease, request: GatewayRequest, outcome: Outcome) -> None:
+        backend = lease.backend
         request.attempts.append(f"{backend.name}:{outcome}")
-        self.metrics.observe_attempt(backend, request.endpoint, outcome, request)
+        self.metrics.observe_attempt(backend, request.endpoint, outcome, lease.taken_at)
 
     def finish(self, request: GatewayRequest, outcome: Outcome, backend: Backend | None) -> None:
         """The request is over (answered, relayed, refused or failed over): time it, and log
         one line that follows it across processes (its id is in the servers' logs too)."""
-        self.metrics.observe_request(request.endpoint, outcome, request)
+        self.metrics.observe_request(request.endpoint, outcome, request.received_at)
         logger.info(
             "request %s %s model=%s -> %s: %s after %.3f s (attempts: %s)",
             request.request_id,

@@ -81,7 +81,7 @@ class Proxy:
             except APIError as exc:
                 if last_failure is not None:  # report what went wrong, not "nothing left"
                     break
-                self.metrics.observe_attempt(None, request.endpoint, "rejected", request)
+                self.metrics.count_rejected(request.endpoint)
                 self.attempts.finish(request, "rejected", None)
                 raise exc from None
             if not backend.is_local and request.route == "auto":

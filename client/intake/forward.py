@@ -46,7 +46,7 @@ def route_of(request: Request) -> Route:
 def count_rejected(request: Request, endpoint: str, received_at: float) -> None:
     """Count a request the gateway refused before any attempt."""
     metrics = gateway_of(request).metrics
-    metrics.observe_attempt(None, endpoint, "rejected", received_at)
+    metrics.count_rejected(endpoint)
     metrics.observe_request(endpoint, "rejected", received_at)
 
 

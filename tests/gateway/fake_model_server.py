@@ -53,6 +53,8 @@ class FakeServerSettings:
     fail_status: int | None = None
     #: The error type of those answers.
     fail_type: str = "fake_error"
+    #: How long those answers take (a server that fails slowly).
+    fail_delay_seconds: float = 0.0
     #: Streams keep their connection open this long after ``[DONE]`` (as a busy server may).
     linger_after_done_seconds: float = 0.0
     #: When given, streams send one event, then an error event with this message (``{key}``:
@@ -187,6 +189,7 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
         settings.authorizations.append(authorization)
         settings.request_ids.append(request.headers.get("x-request-id", ""))
         if settings.fail_status is not None:
+            await asyncio.sleep(settings.fail_delay_seconds)
             return _error(settings.fail_status, "failing (on purpose)", settings.fail_type)
         key_status = settings.fail_status_by_key.get(authorization.removeprefix("Bearer "))
         if key_status is not None:

@@ -74,6 +74,28 @@ def test_a_request_failing_alone_is_neither_retried_nor_held_against_its_server(
     assert row["circuit"] == "closed" and row["num_failures"] == 0
 
 
+def test_after_a_failover_each_backend_is_timed_from_its_own_attempt(pair: Callable) -> None:
+    """The second backend's latency starts when the request was sent to it, not when the
+    gateway received it: it is not charged the first backend's slow failure."""
+    gateway, (a, b) = pair(balancing_policy="round_robin", circuit_breaker_failures=10)
+    a.fail_status, a.fail_delay_seconds = 500, 0.6
+    for _ in range(2):  # round robin: at least one goes to A first and fails over to B
+        assert gateway.http.post(CHAT_PATH, json=CHAT).status_code == 200
+    num_failovers = len(a.requests)
+    assert num_failovers >= 1 and len(b.requests) == 2
+    metrics = gateway.http.get("/metrics").text
+    latency = "gateway_backend_latency_seconds"
+    a_url, b_url = a.server.url, b.server.url  # type: ignore[attr-defined]
+    assert metric_value(metrics, f'{latency}_count{{backend="{a_url}"}}') == num_failovers
+    assert metric_value(metrics, f'{latency}_sum{{backend="{a_url}"}}') >= 0.6 * num_failovers
+    assert metric_value(metrics, f'{latency}_count{{backend="{b_url}"}}') == 2
+    # B answered both at once: well under A's 0.6 s, although a request waited that long.
+    assert metric_value(metrics, f'{latency}_sum{{backend="{b_url}"}}') < 0.5
+    # The whole request, as the caller saw it, does include the failed attempt.
+    duration = 'gateway_request_duration_seconds_sum{endpoint="/v1/chat/completions",outcome="ok"}'
+    assert metric_value(metrics, duration) >= 0.6
+
+
 def test_server_errors_are_retried_elsewhere_and_open_the_circuit(pair: Callable) -> None:
     gateway, (a, b) = pair(balancing_policy="round_robin", circuit_breaker_failures=3)
     a.fail_status = 500
