@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from protocol.generation import Usage
 from utils.deployment_apps import DEPLOYMENT_FILE_ENV, app_urls
 
 DEFAULT_GATEWAY_URL: str = "http://127.0.0.1:8000"
@@ -68,15 +69,6 @@ class Decoding:
         if self.mode == "beam_search":
             return f"beam search ({self.num_beams} beams)"
         return "greedy"
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token counts reported by the gateway for one answer."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
 
 
 @dataclass(frozen=True)

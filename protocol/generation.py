@@ -151,7 +151,8 @@ class GenerateRequest(BaseModel):
 
 
 class Usage(BaseModel):
-    """Token counts of one request."""
+    """Token counts of one request, under OpenAI's names: the native and the OpenAI-compatible
+    answers (and the chat UI reading them) share this one model."""
 
     prompt_tokens: int
     completion_tokens: int

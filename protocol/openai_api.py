@@ -18,6 +18,7 @@ from protocol.generation import (
     ChatMessage,
     GenerateRequest,
     GenerationConfig,
+    Usage,
 )
 
 OpenAIFinishReason = Literal["stop", "length", "abort"]
@@ -216,14 +217,6 @@ def _now() -> int:
     return int(time.time())
 
 
-class CompletionUsage(BaseModel):
-    """Token counts, OpenAI names."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-
-
 class CompletionResponse(BaseModel):
     """Answer of ``POST /v1/completions``; also each stream chunk (object is the same)."""
 
@@ -232,7 +225,7 @@ class CompletionResponse(BaseModel):
     created: int = Field(default_factory=_now)
     model: str
     choices: list[CompletionChoice]
-    usage: CompletionUsage | None = None
+    usage: Usage | None = None
 
 
 class ChatResponseMessage(BaseModel):
@@ -259,7 +252,7 @@ class ChatCompletionResponse(BaseModel):
     created: int = Field(default_factory=_now)
     model: str
     choices: list[ChatCompletionChoice]
-    usage: CompletionUsage
+    usage: Usage
 
 
 class ChatDelta(BaseModel):
@@ -286,7 +279,7 @@ class ChatCompletionChunk(BaseModel):
     created: int = Field(default_factory=_now)
     model: str
     choices: list[ChatCompletionChunkChoice]
-    usage: CompletionUsage | None = None
+    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):

@@ -19,7 +19,6 @@ from protocol.openai_api import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
-    CompletionUsage,
     ModelCard,
     ModelList,
 )
@@ -36,10 +35,6 @@ def _generation_config(body: CompletionRequest | ChatCompletionRequest) -> Gener
         return body.to_generation_config()
     except ValidationError as exc:
         raise validation_api_error(exc) from None
-
-
-def _usage(job: Job, num_tokens: int) -> CompletionUsage:
-    return CompletionUsage(**job.usage(num_tokens).model_dump())
 
 
 def _completion_job(
@@ -101,7 +96,7 @@ async def _completion_events(
     if is_usage_streamed:
         yield encode_event(
             CompletionResponse(
-                id=job.request_id, model=service.model_id, choices=[], usage=_usage(job, num_tokens)
+                id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
             )
         )
 
@@ -152,7 +147,7 @@ async def _chat_events(
     if is_usage_streamed:
         yield encode_event(
             ChatCompletionChunk(
-                id=job.request_id, model=service.model_id, choices=[], usage=_usage(job, num_tokens)
+                id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
             )
         )
 
@@ -182,7 +177,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
                     CompletionChoice(index=r.index, text=r.text, finish_reason=r.finish_reason)
                     for r in results
                 ],
-                usage=_usage(job, sum(r.num_tokens for r in results)),
+                usage=job.usage(sum(r.num_tokens for r in results)),
             ),
         )
 
@@ -211,7 +206,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
                     )
                     for r in results
                 ],
-                usage=_usage(job, sum(r.num_tokens for r in results)),
+                usage=job.usage(sum(r.num_tokens for r in results)),
             ),
         )
 

@@ -103,7 +103,9 @@ def test_api_messages_leave_out_failed_exchanges() -> None:
 
 
 def test_stats_summary() -> None:
-    stats = ChatStats(0.25, 2.0, Usage(37, 8, 45), "length", "greedy")
+    stats = ChatStats(
+        0.25, 2.0, Usage(prompt_tokens=37, completion_tokens=8, total_tokens=45), "length", "greedy"
+    )
     assert stats.tokens_per_second == 4.0
     summary = stats.summary()
     for part in ("time to first token 0.25 s", "4.0 tokens/s", "37 prompt + 8 completion = 45"):
