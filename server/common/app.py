@@ -6,12 +6,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from server.common.backend import GenerationBackend
-from server.common.metrics import ServerMetrics
+from server.common.metrics import RequestCounter, ServerMetrics
 from server.common.native_routes import build_native_router
 from server.common.openai_routes import build_openai_router
 from server.common.request_context import RequestContextMiddleware
@@ -20,27 +19,6 @@ from utils.connection_limits import set_limits
 from utils.errors import install_error_handlers
 from utils.openapi import document_models
 from utils.request_id import RequestIdMiddleware
-
-
-class _RequestCounter:
-    """Counts POST requests by path and status (pure ASGI: streaming and disconnects intact)."""
-
-    def __init__(self, app: ASGIApp, metrics: ServerMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                status = str(message["status"])
-                self.metrics.requests.labels(scope["path"], status).inc()
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
 
 
 def create_server_app(
@@ -70,7 +48,7 @@ def create_server_app(
     app.state.service = service
     set_limits(app, settings.connection_limits)
     install_error_handlers(app)
-    app.add_middleware(_RequestCounter, metrics=metrics)
+    app.add_middleware(RequestCounter, requests=metrics.requests)
     app.add_middleware(RequestContextMiddleware)  # sees every answer
     app.add_middleware(RequestIdMiddleware)  # outermost: the id is there for everything inside
     app.include_router(build_native_router(service))

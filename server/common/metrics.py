@@ -19,6 +19,7 @@ from prometheus_client import (
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.health import ComputePath, LoadReport
 from server.common.vllm_metrics import VllmMetrics
@@ -28,6 +29,35 @@ disable_created_metrics()
 
 _LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 _TOKEN_LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.6, 1.2, 2.5, 5)
+
+
+class RequestCounter:
+    """ASGI middleware counting POST requests by path and status in ``requests``, and, given a
+    ``latency`` histogram, observing their time to the response's start.
+
+    Pure ASGI rather than ``BaseHTTPMiddleware``: streaming answers and client disconnects pass
+    through untouched. Every model server (generation and embedding) installs it.
+    """
+
+    def __init__(self, app: ASGIApp, requests: Counter, latency: Histogram | None = None) -> None:
+        self.app = app
+        self.requests = requests
+        self.latency = latency
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+
+        async def counting_send(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self.requests.labels(scope["path"], str(message["status"])).inc()
+                if self.latency is not None:
+                    self.latency.observe(time.monotonic() - started)
+            await send(message)
+
+        await self.app(scope, receive, counting_send)
 
 
 class LoadCollector(Collector):

@@ -4,17 +4,16 @@ generation servers."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 from protocol.health import HealthResponse
 from protocol.openai_api import ModelCard, ModelList
+from server.common.metrics import RequestCounter
 from server.common.request_context import RequestContextMiddleware, parse_body, request_record
 from server.embedding.batcher import EmbeddingBatcher
 from server.embedding.config import EmbeddingServerConfig
@@ -25,28 +24,6 @@ from utils.connection_limits import ConnectionLimits, set_limits
 from utils.errors import install_error_handlers
 from utils.openapi import document_models, json_body
 from utils.request_id import RequestIdMiddleware
-
-
-class _RequestCounter:
-    """Counts POST requests by path and status, and their latency (pure ASGI)."""
-
-    def __init__(self, app: ASGIApp, metrics: EmbeddingMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        started = time.monotonic()
-
-        async def counting_send(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                self.metrics.requests.labels(scope["path"], str(message["status"])).inc()
-                self.metrics.latency.observe(time.monotonic() - started)
-            await send(message)
-
-        await self.app(scope, receive, counting_send)
 
 
 def create_embedding_app(
@@ -77,7 +54,7 @@ def create_embedding_app(
     app.state.service = service
     set_limits(app, ConnectionLimits.of(limits))
     install_error_handlers(app)
-    app.add_middleware(_RequestCounter, metrics=metrics)
+    app.add_middleware(RequestCounter, requests=metrics.requests, latency=metrics.latency)
     app.add_middleware(RequestContextMiddleware)
     app.add_middleware(RequestIdMiddleware)
 
