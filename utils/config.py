@@ -10,11 +10,23 @@ import json
 from pathlib import Path
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from utils.env_overrides import EnvOverrideError, apply_env_overrides, variable_for
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class ConfigSection(BaseModel):
+    """Base of every section of the servers' config files.
+
+    Unknown keys are refused, so a misspelt key stops start-up with a message naming it
+    (``load_config`` words it "unknown key") instead of being silently ignored. The
+    ``model_`` namespace is open because keys such as ``model_name_or_path`` and
+    ``model_loading_config`` come from the seed's config files.
+    """
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
 class ConfigError(Exception):

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
+from pydantic import Field
 
 from server.common.service import ServingSettings
+from utils.config import ConfigSection
 from utils.connection_limits import ConnectionLimits
 
 
-class ServingConfig(ConnectionLimits):
+class ServingConfig(ConnectionLimits, ConfigSection):
     """``serving_config``: HTTP-level defaults applied to every request, and the HTTP
     connection limits (``header_timeout_seconds`` ...)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     default_max_new_tokens: int = Field(
         default=256, ge=1, description="new tokens when a request does not say"

@@ -10,7 +10,9 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from utils.config import ConfigSection
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16"]
 
@@ -39,11 +41,7 @@ def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | No
     return None
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class ModelLoadingConfig(_Section):
+class ModelLoadingConfig(ConfigSection):
     """Where the weights are and how to run them."""
 
     model_type: Literal["llama"] = Field(
@@ -143,7 +141,7 @@ class ModelLoadingConfig(_Section):
             )
 
 
-class BatcherConfig(_Section):
+class BatcherConfig(ConfigSection):
     """Per-step limits of the scheduler."""
 
     batch_max_tokens: int = Field(
@@ -163,7 +161,7 @@ class BatcherConfig(_Section):
     )
 
 
-class CacheConfig(_Section):
+class CacheConfig(ConfigSection):
     """The paged KV cache: device pool, CPU swap pool, block size."""
 
     num_blocks: int | None = Field(
@@ -194,7 +192,7 @@ class CacheConfig(_Section):
     enable_prefix_caching: bool = True
 
 
-class EngineConfig(_Section):
+class EngineConfig(ConfigSection):
     """Everything the engine needs; the CB server config file adds serving keys around it."""
 
     model_loading_config: ModelLoadingConfig

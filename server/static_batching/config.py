@@ -9,19 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
 from server.common.config import ServingConfig
-from utils.config import load_config, resolve_path
+from utils.config import ConfigSection, load_config, resolve_path
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16", "auto"]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
-
-
-class SBBatcherConfig(_Section):
+class SBBatcherConfig(ConfigSection):
     """How requests are packed into packages."""
 
     # The seed writes "16" as a string; pydantic's lax mode turns numeric strings into ints.
@@ -34,7 +30,7 @@ class SBBatcherConfig(_Section):
     )
 
 
-class SBWorkerConfig(_Section):
+class SBWorkerConfig(ConfigSection):
     """How the model and tokenizer are loaded and run with transformers."""
 
     model_name_or_path: str
@@ -72,7 +68,7 @@ class SBWorkerConfig(_Section):
         return resolve_path(config_file, value)
 
 
-class SBServerConfig(_Section):
+class SBServerConfig(ConfigSection):
     """The whole ``sb_server_config.json``; ``LLM_SUITE_SB_SERVER__SECTION__KEY`` overrides a key
     from the environment (``utils.env_overrides``)."""
 
