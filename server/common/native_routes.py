@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -17,9 +16,14 @@ from protocol.generation import (
 from protocol.health import HealthResponse
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import GenerationService, Job, answer_job, new_response_id
+from server.common.service import (
+    GenerationService,
+    Job,
+    answer_job,
+    new_response_id,
+    stream_events,
+)
 from utils.openapi import json_body
-from utils.sse import ChunkEncoder, encode_event
 
 
 def _native_job(service: GenerationService, body: GenerateRequest, record: RequestRecord) -> Job:
@@ -32,29 +36,11 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
     return service.make_job(new_response_id("gen"), [token_ids], body.generation_config, record)
 
 
-async def _native_events(
-    service: GenerationService, job: Job, steps: AsyncIterator[list[TextDelta]]
-) -> AsyncIterator[bytes]:
-    """One event per step (every choice that moved in it, as ``Choice``), then the usage
-    event."""
-    num_tokens = 0
-    encoder = ChunkEncoder(
-        GenerateStreamChunk(id=job.request_id, model=service.model_id, choices=[])
-    )
-    async for deltas in steps:
-        choices: list[dict[str, Any]] = []
-        for delta in deltas:
-            num_tokens += delta.num_new_tokens
-            if delta.text or delta.finish_reason:
-                choices.append(
-                    {"index": delta.index, "text": delta.text, "finish_reason": delta.finish_reason}
-                )
-        if choices:
-            yield encoder.encode(choices)
-    usage_chunk = GenerateStreamChunk(
-        id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
-    )
-    yield encode_event(usage_chunk)
+def _native_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
+    """A choice's part of a ``/generate`` stream event (a ``Choice``), when it has news."""
+    if not delta.text and delta.finish_reason is None:
+        return None
+    return {"index": delta.index, "text": delta.text, "finish_reason": delta.finish_reason}
 
 
 def build_native_router(service: GenerationService) -> APIRouter:
@@ -72,7 +58,10 @@ def build_native_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda steps: _native_events(service, job, steps),
+            # The native stream always ends with its usage event.
+            lambda steps: stream_events(
+                job, service.model_id, steps, GenerateStreamChunk, _native_choice, True
+            ),
             lambda results: GenerateResponse(
                 id=job.request_id,
                 model=service.model_id,

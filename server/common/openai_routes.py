@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -24,10 +23,15 @@ from protocol.openai_api import (
 )
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import GenerationService, Job, answer_job, new_response_id
+from server.common.service import (
+    GenerationService,
+    Job,
+    answer_job,
+    new_response_id,
+    stream_events,
+)
 from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
-from utils.sse import ChunkEncoder, encode_event
 
 
 def _generation_config(body: CompletionRequest | ChatCompletionRequest) -> GenerationConfig:
@@ -66,49 +70,29 @@ def _chat_job(
     return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record)
 
 
-async def _completion_events(
-    service: GenerationService,
-    job: Job,
-    steps: AsyncIterator[list[TextDelta]],
-    is_usage_streamed: bool,
-) -> AsyncIterator[bytes]:
-    """One chunk per step (every choice that moved in it, as ``CompletionChoice``), then the
-    usage chunk if asked."""
-    num_tokens = 0
-    encoder = ChunkEncoder(
-        CompletionResponse(id=job.request_id, model=service.model_id, choices=[])
-    )
-    async for deltas in steps:
-        choices: list[dict[str, Any]] = []
-        for delta in deltas:
-            num_tokens += delta.num_new_tokens
-            if delta.text or delta.finish_reason is not None:
-                choices.append(
-                    {
-                        "index": delta.index,
-                        "text": delta.text,
-                        "finish_reason": delta.finish_reason,
-                        "logprobs": None,
-                    }
-                )
-        if choices:
-            yield encoder.encode(choices)
-    if is_usage_streamed:
-        yield encode_event(
-            CompletionResponse(
-                id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
-            )
-        )
+def _completion_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
+    """A choice's part of a completion stream chunk (a ``CompletionChoice``), when it has
+    news."""
+    if not delta.text and delta.finish_reason is None:
+        return None
+    return {
+        "index": delta.index,
+        "text": delta.text,
+        "finish_reason": delta.finish_reason,
+        "logprobs": None,
+    }
 
 
-def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any]:
+def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
     """A choice's part of a chat chunk (a ``ChatCompletionChunkChoice``): its new text and,
-    once it ends, its finish reason.
+    once it ends, its finish reason; None when it has no news and is already open.
 
     OpenAI opens every choice with the assistant role; here the role rides on the choice's
     first delta (as OpenAI-compatible servers such as llama.cpp's do) rather than costing an
     event of its own.
     """
+    if not is_opening and not delta.text and delta.finish_reason is None:
+        return None
     chat_delta = (
         {"role": "assistant", "content": delta.text}
         if is_opening
@@ -120,36 +104,6 @@ def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any]:
         "finish_reason": delta.finish_reason,
         "logprobs": None,
     }
-
-
-async def _chat_events(
-    service: GenerationService,
-    job: Job,
-    steps: AsyncIterator[list[TextDelta]],
-    is_usage_streamed: bool,
-) -> AsyncIterator[bytes]:
-    """One chunk per step (every choice that moved in it), then the usage chunk if asked."""
-    num_tokens = 0
-    opened: set[int] = set()
-    encoder = ChunkEncoder(
-        ChatCompletionChunk(id=job.request_id, model=service.model_id, choices=[])
-    )
-    async for deltas in steps:
-        choices: list[dict[str, Any]] = []
-        for delta in deltas:
-            num_tokens += delta.num_new_tokens
-            is_opening = delta.index not in opened
-            if is_opening or delta.text or delta.finish_reason is not None:
-                opened.add(delta.index)
-                choices.append(_chat_choice(delta, is_opening))
-        if choices:
-            yield encoder.encode(choices)
-    if is_usage_streamed:
-        yield encode_event(
-            ChatCompletionChunk(
-                id=job.request_id, model=service.model_id, choices=[], usage=job.usage(num_tokens)
-            )
-        )
 
 
 def build_openai_router(service: GenerationService) -> APIRouter:
@@ -169,7 +123,14 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda steps: _completion_events(service, job, steps, body.is_usage_streamed),
+            lambda steps: stream_events(
+                job,
+                service.model_id,
+                steps,
+                CompletionResponse,
+                _completion_choice,
+                body.is_usage_streamed,
+            ),
             lambda results: CompletionResponse(
                 id=job.request_id,
                 model=service.model_id,
@@ -194,7 +155,14 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             service,
             job,
             body.stream,
-            lambda steps: _chat_events(service, job, steps, body.is_usage_streamed),
+            lambda steps: stream_events(
+                job,
+                service.model_id,
+                steps,
+                ChatCompletionChunk,
+                _chat_choice,
+                body.is_usage_streamed,
+            ),
             lambda results: ChatCompletionResponse(
                 id=job.request_id,
                 model=service.model_id,

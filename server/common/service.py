@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -25,6 +26,7 @@ from server.common.request_context import RequestRecord
 from utils.connection_limits import ConnectionLimits
 from utils.errors import APIError
 from utils.http import prime, run_unless_disconnected, sse_response
+from utils.sse import ChunkEncoder, encode_event
 
 
 @dataclass
@@ -248,6 +250,44 @@ class GenerationService:
                 if delta.finish_reason is not None:
                     result.finish_reason = delta.finish_reason
         return [results[i] for i in sorted(results)]
+
+
+#: A choice's part of one stream event, from its delta and whether the choice has had no event
+#: yet; None when the delta has nothing to show (the choice stays out of the event).
+ChoiceEncoder = Callable[[TextDelta, bool], dict[str, Any] | None]
+
+
+async def stream_events(
+    job: Job,
+    model_id: str,
+    steps: AsyncIterator[list[TextDelta]],
+    envelope: Callable[..., BaseModel],
+    choice_of: ChoiceEncoder,
+    is_usage_streamed: bool,
+) -> AsyncIterator[bytes]:
+    """The SSE events of ``job`` in one API's shape: one per step (every choice ``choice_of``
+    shows), then, if ``is_usage_streamed``, one with no choices and the usage.
+
+    ``envelope`` is that API's chunk model (``GenerateStreamChunk``, ``CompletionResponse``,
+    ``ChatCompletionChunk``), called with ``id``, ``model``, ``choices`` (and ``usage``); the
+    step events reuse its serialised form (``ChunkEncoder``) and only encode their choices.
+    """
+    num_tokens = 0
+    opened: set[int] = set()
+    encoder = ChunkEncoder(envelope(id=job.request_id, model=model_id, choices=[]))
+    async for deltas in steps:
+        choices: list[dict[str, Any]] = []
+        for delta in deltas:
+            num_tokens += delta.num_new_tokens
+            choice = choice_of(delta, delta.index not in opened)
+            if choice is not None:
+                opened.add(delta.index)
+                choices.append(choice)
+        if choices:
+            yield encoder.encode(choices)
+    if is_usage_streamed:
+        usage = job.usage(num_tokens)
+        yield encode_event(envelope(id=job.request_id, model=model_id, choices=[], usage=usage))
 
 
 async def answer_job(
