@@ -17,11 +17,11 @@ from protocol.health import HealthResponse
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import (
+    AnswerShape,
     GenerationService,
     Job,
     answer_job,
     new_response_id,
-    stream_events,
 )
 from utils.openapi import json_body
 
@@ -43,6 +43,14 @@ def _native_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
     return {"index": delta.index, "text": delta.text, "finish_reason": delta.finish_reason}
 
 
+_NATIVE = AnswerShape(
+    chunk=GenerateStreamChunk,
+    chunk_choice=_native_choice,
+    response=GenerateResponse,
+    response_choice=lambda r: Choice(index=r.index, text=r.text, finish_reason=r.finish_reason),
+)
+
+
 def build_native_router(service: GenerationService) -> APIRouter:
     """Routes of the native API over ``service``."""
     router = APIRouter()
@@ -53,24 +61,9 @@ def build_native_router(service: GenerationService) -> APIRouter:
     async def generate(request: Request) -> Response:
         body = await parse_body(request, GenerateRequest, service.settings.max_request_bytes)
         job = _native_job(service, body, request_record(request))
+        # The native stream always ends with its usage event.
         return await answer_job(
-            request,
-            service,
-            job,
-            body.stream,
-            # The native stream always ends with its usage event.
-            lambda steps: stream_events(
-                job, service.model_id, steps, GenerateStreamChunk, _native_choice, True
-            ),
-            lambda results: GenerateResponse(
-                id=job.request_id,
-                model=service.model_id,
-                choices=[
-                    Choice(index=r.index, text=r.text, finish_reason=r.finish_reason)
-                    for r in results
-                ],
-                usage=job.usage(sum(r.num_tokens for r in results)),
-            ),
+            request, service, job, _NATIVE, is_stream=body.stream, is_usage_streamed=True
         )
 
     @router.get("/health", response_model=HealthResponse)

@@ -24,11 +24,11 @@ from protocol.openai_api import (
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import (
+    AnswerShape,
     GenerationService,
     Job,
     answer_job,
     new_response_id,
-    stream_events,
 )
 from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
@@ -106,6 +106,25 @@ def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
     }
 
 
+_COMPLETION = AnswerShape(
+    chunk=CompletionResponse,
+    chunk_choice=_completion_choice,
+    response=CompletionResponse,
+    response_choice=lambda r: CompletionChoice(
+        index=r.index, text=r.text, finish_reason=r.finish_reason
+    ),
+)
+
+_CHAT = AnswerShape(
+    chunk=ChatCompletionChunk,
+    chunk_choice=_chat_choice,
+    response=ChatCompletionResponse,
+    response_choice=lambda r: ChatCompletionChoice(
+        index=r.index, message=ChatResponseMessage(content=r.text), finish_reason=r.finish_reason
+    ),
+)
+
+
 def build_openai_router(service: GenerationService) -> APIRouter:
     """Routes of the OpenAI-compatible API over ``service``."""
     router = APIRouter(prefix="/v1")
@@ -122,24 +141,9 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             request,
             service,
             job,
-            body.stream,
-            lambda steps: stream_events(
-                job,
-                service.model_id,
-                steps,
-                CompletionResponse,
-                _completion_choice,
-                body.is_usage_streamed,
-            ),
-            lambda results: CompletionResponse(
-                id=job.request_id,
-                model=service.model_id,
-                choices=[
-                    CompletionChoice(index=r.index, text=r.text, finish_reason=r.finish_reason)
-                    for r in results
-                ],
-                usage=job.usage(sum(r.num_tokens for r in results)),
-            ),
+            _COMPLETION,
+            is_stream=body.stream,
+            is_usage_streamed=body.is_usage_streamed,
         )
 
     @router.post(
@@ -154,28 +158,9 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             request,
             service,
             job,
-            body.stream,
-            lambda steps: stream_events(
-                job,
-                service.model_id,
-                steps,
-                ChatCompletionChunk,
-                _chat_choice,
-                body.is_usage_streamed,
-            ),
-            lambda results: ChatCompletionResponse(
-                id=job.request_id,
-                model=service.model_id,
-                choices=[
-                    ChatCompletionChoice(
-                        index=r.index,
-                        message=ChatResponseMessage(content=r.text),
-                        finish_reason=r.finish_reason,
-                    )
-                    for r in results
-                ],
-                usage=job.usage(sum(r.num_tokens for r in results)),
-            ),
+            _CHAT,
+            is_stream=body.stream,
+            is_usage_streamed=body.is_usage_streamed,
         )
 
     @router.get("/models", response_model=ModelList)

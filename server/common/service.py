@@ -290,19 +290,42 @@ async def stream_events(
         yield encode_event(envelope(id=job.request_id, model=model_id, choices=[], usage=usage))
 
 
+@dataclass(frozen=True)
+class AnswerShape:
+    """How one API words a job's answer: its stream chunk model with the encoder of a choice's
+    part of a chunk, and its whole-answer model with the model of one finished choice."""
+
+    chunk: Callable[..., BaseModel]
+    chunk_choice: ChoiceEncoder
+    response: Callable[..., BaseModel]
+    response_choice: Callable[[ChoiceResult], BaseModel]
+
+
 async def answer_job(
     request: Request,
     service: GenerationService,
     job: Job,
+    shape: AnswerShape,
+    *,
     is_stream: bool,
-    events: Callable[[AsyncIterator[list[TextDelta]]], AsyncIterator[bytes]],
-    whole: Callable[[list[ChoiceResult]], BaseModel],
+    is_usage_streamed: bool,
 ) -> Response:
-    """The HTTP answer of ``job`` in an API's shape: a primed SSE stream of ``events`` (at most
-    one event per step; errors before the first token still get a JSON error status), or the
-    ``whole`` answer once every choice is done (cancelled if the caller goes away first)."""
+    """The HTTP answer of ``job`` in ``shape``: a primed SSE stream (at most one event per
+    step, then the usage event if ``is_usage_streamed``; errors before the first token still
+    get a JSON error status), or the whole answer once every choice is done (cancelled if the
+    caller goes away first)."""
     if is_stream:
         steps = await prime(service.iter_steps(job))
-        return sse_response(events(steps))
+        return sse_response(
+            stream_events(
+                job, service.model_id, steps, shape.chunk, shape.chunk_choice, is_usage_streamed
+            )
+        )
     results = await run_unless_disconnected(request, service.collect(job))
-    return Response(whole(results).model_dump_json(), media_type="application/json")
+    whole = shape.response(
+        id=job.request_id,
+        model=service.model_id,
+        choices=[shape.response_choice(r) for r in results],
+        usage=job.usage(sum(r.num_tokens for r in results)),
+    )
+    return Response(whole.model_dump_json(), media_type="application/json")
