@@ -34,12 +34,11 @@ from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 
 from client.config.loading import load_client_config
+from client.endpoints import Endpoint
 from client.gateway import BackendTable, Gateway, GatewayHealth
 from client.intake.forward import forward, gateway_of, require_caller_key
 from client.intake.triton_api import triton_routes
-from protocol.embeddings import EmbeddingRequest
-from protocol.generation import GenerateRequest
-from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelList
+from protocol.openai_api import ModelList
 from protocol.triton import TritonGenerateRequest
 from utils.config import ConfigError
 from utils.connection_limits import ConnectionLimits, set_limits
@@ -56,44 +55,26 @@ routes = APIRouter(dependencies=[Depends(require_caller_key)])
 open_routes = APIRouter()
 
 
-@routes.post(
-    "/generate",
-    summary="Native generation (prompt or messages), streaming or not",
-    openapi_extra=json_body(GenerateRequest),
-)
-async def generate(request: Request) -> Response:
-    """Route a native generation request by its ``model``."""
-    return await forward(request, "/generate", GenerateRequest)
+def _add_forwarding_route(endpoint: Endpoint) -> None:
+    """``POST <endpoint>``: validate the body against the endpoint's model, then route it."""
+    spec = endpoint.spec
+
+    async def route(request: Request) -> Response:
+        return await forward(request, endpoint)
+
+    route.__doc__ = spec.description
+    route.__name__ = endpoint.name.lower()
+    routes.add_api_route(
+        endpoint.value,
+        route,
+        methods=["POST"],
+        summary=spec.summary,
+        openapi_extra=json_body(spec.schema),
+    )
 
 
-@routes.post(
-    "/v1/completions",
-    summary="OpenAI-compatible text completion",
-    openapi_extra=json_body(CompletionRequest),
-)
-async def completions(request: Request) -> Response:
-    """Route an OpenAI completion request by its ``model``."""
-    return await forward(request, "/v1/completions", CompletionRequest)
-
-
-@routes.post(
-    "/v1/chat/completions",
-    summary="OpenAI-compatible chat completion",
-    openapi_extra=json_body(ChatCompletionRequest),
-)
-async def chat_completions(request: Request) -> Response:
-    """Route an OpenAI chat completion request by its ``model``."""
-    return await forward(request, "/v1/chat/completions", ChatCompletionRequest)
-
-
-@routes.post(
-    "/v1/embeddings",
-    summary="OpenAI-compatible embeddings",
-    openapi_extra=json_body(EmbeddingRequest),
-)
-async def embeddings(request: Request) -> Response:
-    """Route an OpenAI embeddings request by its ``model`` (embedding servers, engines, jumpers)."""
-    return await forward(request, "/v1/embeddings", EmbeddingRequest)
+for _endpoint in Endpoint:
+    _add_forwarding_route(_endpoint)
 
 
 @routes.get("/v1/models", response_model=ModelList)
@@ -166,14 +147,8 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     app.include_router(routes)
     app.include_router(triton_routes)
     app.include_router(open_routes)
-    documented = [
-        GenerateRequest,
-        CompletionRequest,
-        ChatCompletionRequest,
-        EmbeddingRequest,
-        TritonGenerateRequest,
-    ]
-    document_models(app, documented)
+    documented = [endpoint.spec.schema for endpoint in Endpoint]
+    document_models(app, [*documented, TritonGenerateRequest])
     return app
 
 

@@ -9,11 +9,10 @@ from pathlib import Path
 import httpx
 from pydantic import BaseModel
 
-from client.backends.base import BackendStatus
+from client.backends.status import BackendStatus, status_of
 from client.balancing.policies import make_policy
 from client.balancing.registry import BackendRegistry
 from client.balancing.router import Router
-from client.balancing.shared_state import SharedBreakerState
 from client.config.schema import ClientConfig
 from client.config.watch import ConfigWatcher
 from client.forwarding.failover import Proxy
@@ -53,9 +52,6 @@ class Gateway:
     def __init__(self, config: ClientConfig, config_path: str | Path | None = None) -> None:
         self.config = config
         self.registry = BackendRegistry.from_config(config)
-        if config.shared_state_url:
-            self.registry.shared_state = SharedBreakerState(config.shared_state_url)
-            self.registry.shared_state.attach(self.registry.backends)
         self.router = Router(self.registry, make_policy(config))
         self.metrics = GatewayMetrics(self.registry)
         self._watcher = (
@@ -87,9 +83,6 @@ class Gateway:
         self._proxy = Proxy(local_client, upstream_client, self.router, self.metrics, self.config)
         self._log_jumpers(self.config)
         await self.registry.start(local_client)
-        shared = self.registry.shared_state
-        if shared is not None:
-            shared.start(lambda: self.registry.backends)
         if self._watcher is not None:
             self._watcher.start()
         healthy = self.registry.healthy()
@@ -106,8 +99,6 @@ class Gateway:
         if self._watcher is not None:
             await self._watcher.stop()
         await self.registry.stop()
-        if self.registry.shared_state is not None:
-            await self.registry.shared_state.stop()
         for client in self._clients:
             await client.aclose()
         self._clients = []
@@ -160,7 +151,7 @@ class Gateway:
 
     def backend_table(self) -> BackendTable:
         """Every backend's status."""
-        return BackendTable(backends=[backend.status() for backend in self.registry.backends])
+        return BackendTable(backends=[status_of(backend) for backend in self.registry.backends])
 
     def health(self) -> GatewayHealth:
         """The gateway's own health report; its load is the total in flight."""
@@ -169,13 +160,13 @@ class Gateway:
             status="ok",
             load=LoadReport(num_running=sum(backend.num_in_flight for backend in backends)),
             num_healthy_backends=len(self.registry.healthy()),
-            backends=[backend.status() for backend in backends],
+            backends=[status_of(backend) for backend in backends],
         )
 
     async def model_list(self) -> ModelList:
         """The models of the healthy backends and jumpers, each once (refreshing first if no
         local server is up)."""
-        if not any(backend.is_local for backend in self.registry.healthy()):
+        if all(backend.is_fallback for backend in self.registry.healthy()):
             await self.registry.refresh_if_stale()
         return ModelList(
             data=[
@@ -189,5 +180,5 @@ class Gateway:
         )
 
     def _owner(self, model: str) -> str:
-        is_local = any(b.is_local and b.serves(model) for b in self.registry.healthy())
-        return "llm-serving-suite" if is_local else "openai-jumper"
+        is_served = any(not b.is_fallback and b.serves(model) for b in self.registry.healthy())
+        return "llm-serving-suite" if is_served else "openai-jumper"

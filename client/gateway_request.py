@@ -5,20 +5,28 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from protocol.embeddings import EmbeddingRequest
+from client.endpoints import Endpoint, ParsedRequest
 from protocol.generation import GenerateRequest
-from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 from utils.request_id import new_request_id
 
-#: Where a request may go: ``auto`` (our servers and Triton servers, then the OpenAI jumpers as
-#: a fallback), ``local`` (never to a jumper) or ``openai`` (the jumpers only). Callers choose
-#: with the ``X-LLM-Route`` header.
+if TYPE_CHECKING:
+    from client.backends.backend import Backend
+    from client.backends.plan import Plan
+
+#: Where a request may go: ``auto`` (the servers' tiers, then the fallback tier: OpenAI
+#: jumpers), ``local`` (never to the fallback tier) or ``openai`` (the fallback tier only).
+#: Callers choose with the ``X-LLM-Route`` header.
 Route = Literal["auto", "local", "openai"]
 
-#: The request bodies the gateway routes.
-ParsedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest | EmbeddingRequest
+__all__ = ["GatewayRequest", "ParsedRequest", "Route", "route_allows"]
+
+
+def route_allows(route: Route, is_fallback: bool) -> bool:
+    """True when a request routed ``route`` may go to a backend of the fallback tier
+    (``is_fallback``) or of another tier."""
+    return route == "auto" or is_fallback == (route == "openai")
 
 
 @dataclass(eq=False)
@@ -31,7 +39,7 @@ class GatewayRequest:
     takes the request, and its translation), so failover and retries reuse them.
     """
 
-    endpoint: str
+    endpoint: Endpoint
     parsed: ParsedRequest
     body: bytes = b""
     route: Route = "auto"
@@ -43,11 +51,11 @@ class GatewayRequest:
     received_at: float = field(default_factory=time.monotonic)
     #: ``backend:outcome`` of each attempt so far, for the request's log line.
     attempts: list[str] = field(default_factory=list, repr=False)
-    #: Each asked backend's plan for this request: backend -> ``client.backends.base.Plan``,
-    #: kept by ``Backend.plan_for`` (typed loosely so that this module imports no backend).
-    plans: dict[object, object] = field(default_factory=dict, repr=False)
+    #: Each asked backend's plan for this request, kept by ``Backend.plan_for``.
+    plans: dict[Backend, Plan] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
+        self.endpoint = Endpoint(self.endpoint)  # also when built in code with a path string
         if not self.body:  # built in code (tests, translations) rather than received
             self.body = self.parsed.model_dump_json(exclude_unset=True).encode()
 

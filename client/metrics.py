@@ -16,7 +16,7 @@ from prometheus_client import (
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from client.backends.base import Backend
+from client.backends.backend import Backend
 from client.balancing.registry import BackendRegistry
 
 #: How a request ended, as seen by the gateway.
@@ -86,11 +86,13 @@ class _BackendCollector(Collector):
         )
         for backend in self._registry.backends:
             values = [backend.name, backend.kind]
-            healthy.add_metric(values, 1.0 if backend.is_healthy else 0.0)
-            circuit_open.add_metric(values, 1.0 if backend.breaker.state() == "open" else 0.0)
+            healthy.add_metric(values, 1.0 if backend.health.is_healthy else 0.0)
+            circuit_open.add_metric(
+                values, 1.0 if backend.health.breaker.state() == "open" else 0.0
+            )
             in_flight.add_metric(values, backend.num_in_flight)
-            waiting.add_metric(values, backend.load.num_waiting)
-            running.add_metric(values, backend.load.num_running)
+            waiting.add_metric(values, backend.health.load.num_waiting)
+            running.add_metric(values, backend.health.load.num_running)
         yield from (healthy, circuit_open, in_flight, waiting, running)
 
 
@@ -165,4 +167,3 @@ class GatewayMetrics:
     def render(self) -> tuple[bytes, str]:
         """The Prometheus text exposition and its content type."""
         return generate_latest(self.collector_registry), CONTENT_TYPE_LATEST
-

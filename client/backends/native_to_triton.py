@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from client.backends.chat_templates import render_chat
 from client.backends.native_answers_to_openai import OpenAIShaper
 from client.backends.translation import StreamTranslator, Translation
-from client.config.schema import TritonServerConfig
 from protocol.generation import GenerateRequest
 from protocol.triton import TritonGenerateRequest, TritonGenerateResponse
 from utils.errors import APIError
 from utils.sse import SSEDataSplitter, encode_done, encode_event
+
+if TYPE_CHECKING:
+    from client.backends.kinds.triton import TritonServerConfig
 
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 

@@ -1,7 +1,8 @@
 """Servers discovered from DNS: a name per server kind, resolved to all its addresses.
 
-The gateway config may name ``continuous_batching_server_dns``, ``static_batching_server_dns``
-and ``triton_server_dns`` (``{"name", "port", "scheme"}``) besides the URL lists. At every
+The gateway config may name a DNS entry (``{"name", "port", "scheme"}``) for each backend kind
+that has one (``continuous_batching_server_dns``, ``static_batching_server_dns``,
+``triton_server_dns``) besides the URL lists. At every
 heartbeat each name is resolved again (a Kubernetes headless Service answers one A record per
 ready pod); the addresses become server URLs added to the config's own lists, and the registry
 applies that *effective* config through the same path as a config reload: new servers join
@@ -16,7 +17,9 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 
-from client.config.schema import ClientConfig, ServerDNSConfig, TritonServerDNSConfig
+from client.backends.kinds import KINDS
+from client.config.schema import ClientConfig
+from client.config.schema_common import ServerDNSConfig
 
 logger = logging.getLogger(__name__)
 
@@ -86,37 +89,16 @@ class DNSDiscovery:
         if not entries:
             return config
         resolved = await asyncio.gather(
-            *(self.addresses(entry, timeout_seconds) for entry in entries)
+            *(self.addresses(entry, timeout_seconds) for _, entry in entries)
         )
-        by_entry = {
-            id(entry): addresses for entry, addresses in zip(entries, resolved, strict=True)
-        }
-        taken = set(config.continuous_batching_server_urls)
-        taken |= set(config.static_batching_server_urls)
-        taken |= {server.url for server in config.triton_server_urls}
-        taken |= {server.url for server in config.openai_compatible_server_urls}
-        taken |= set(config.embedding_server_urls)
-
-        def urls(entry: ServerDNSConfig | None) -> list[str]:
-            if entry is None:
-                return []
-            fresh = [server_url(entry, address) for address in by_entry[id(entry)]]
+        # An address already listed (of any kind) is not added twice.
+        taken = {url for kind in KINDS for url in kind.listed_urls(config)}
+        update: dict[str, object] = {}
+        for (kind, entry), addresses in zip(entries, resolved, strict=True):
+            fresh = [server_url(entry, address) for address in addresses]
             fresh = [url for url in fresh if url not in taken]
             taken.update(fresh)
-            return fresh
-
-        cb = urls(config.continuous_batching_server_dns)
-        sb = urls(config.static_batching_server_dns)
-        triton_entry = config.triton_server_dns
-        triton = []
-        if isinstance(triton_entry, TritonServerDNSConfig):
-            triton = [triton_entry.server_config(url) for url in urls(triton_entry)]
+            update.update(kind.with_discovered(config, fresh))
         # model_copy skips validation on purpose: the file config was validated, and the
         # additions are well-formed and disjoint from the lists by construction.
-        return config.model_copy(
-            update={
-                "continuous_batching_server_urls": config.continuous_batching_server_urls + cb,
-                "static_batching_server_urls": config.static_batching_server_urls + sb,
-                "triton_server_urls": config.triton_server_urls + triton,
-            }
-        )
+        return config.model_copy(update=update)

@@ -13,7 +13,7 @@ import random
 from collections.abc import Sequence
 from typing import ClassVar
 
-from client.backends.base import Backend
+from client.backends.backend import Backend
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
 
@@ -48,7 +48,7 @@ class LeastOutstandingWork(BalancingPolicy):
     @staticmethod
     def score(backend: Backend) -> int:
         """Outstanding work of a backend; lower is better."""
-        return backend.num_in_flight + backend.num_reported_busy
+        return backend.num_in_flight + backend.health.num_reported_busy
 
     def choose(self, candidates: Sequence[Backend], request: GatewayRequest) -> Backend:
         """The least loaded candidate, rotating among equals."""
@@ -154,7 +154,7 @@ class LeastRecentlyUsedKey(BalancingPolicy):
         """The candidate with the oldest ``last_used_at`` (backends without one count as 0)."""
         if not candidates:
             raise ValueError("choose() needs at least one candidate")
-        return min(candidates, key=lambda backend: getattr(backend, "last_used_at", 0.0))
+        return min(candidates, key=lambda backend: backend.last_used_at)
 
 
 #: Characters of a prompt that identify its conversation for affinity: long enough to tell

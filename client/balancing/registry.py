@@ -5,16 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Collection
+from collections.abc import Container
 
 import httpx
 
-from client.backends.base import Backend
-from client.backends.catalog import backends_from_config
+from client.backends.backend import Backend
+from client.backends.kinds import backends_from_config
 from client.balancing.discovery import DNSDiscovery
 from client.balancing.shared_state import SharedBreakerState
 from client.config.schema import ClientConfig
-from client.gateway_request import GatewayRequest
+from client.gateway_request import GatewayRequest, route_allows
 from utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -72,6 +72,8 @@ class BackendRegistry:
         """
         registry = cls([], discovery=discovery)
         registry.config = config
+        if config.shared_state_url:
+            registry.shared_state = SharedBreakerState(config.shared_state_url)
         registry.backends, _ = registry._build(config)
         return registry
 
@@ -128,9 +130,10 @@ class BackendRegistry:
                 kept.adopt_settings(fresh)
             backends.append(kept or fresh)
         for backend in backends:
-            backend.num_failures_to_mark_down = config.num_failures_to_mark_down
-            backend.breaker.failure_threshold = config.circuit_breaker_failures
-            backend.breaker.cooldown_seconds = config.circuit_breaker_cooldown_seconds
+            health = backend.health
+            health.num_failures_to_mark_down = config.num_failures_to_mark_down
+            health.breaker.failure_threshold = config.circuit_breaker_failures
+            health.breaker.cooldown_seconds = config.circuit_breaker_cooldown_seconds
         new = [backend for backend in backends if backend not in self.backends]
         if self.shared_state is not None:
             self.shared_state.attach(new)
@@ -139,8 +142,11 @@ class BackendRegistry:
     # -- life cycle ------------------------------------------------------------------------
 
     async def start(self, client: httpx.AsyncClient) -> None:
-        """Check every backend once, then keep checking in the background."""
+        """Check every backend once, then keep checking in the background (and, with shared
+        state, keep applying the other replicas' circuit openings)."""
         self._client = client
+        if self.shared_state is not None:
+            self.shared_state.start(lambda: self.backends)
         await self.rediscover()
         await self.refresh()
         healthy = self.healthy()
@@ -153,9 +159,11 @@ class BackendRegistry:
         self._heartbeat_task = asyncio.create_task(self._heartbeat_loop(), name="heartbeat")
 
     async def stop(self) -> None:
-        """Cancel the background refresh and wait for it to end."""
+        """Cancel the background refresh (and the shared-state sync) and wait for them."""
         task, self._heartbeat_task = self._heartbeat_task, None
         await cancel_and_wait(task)
+        if self.shared_state is not None:
+            await self.shared_state.stop()
 
     async def _heartbeat_loop(self) -> None:
         while True:
@@ -198,23 +206,24 @@ class BackendRegistry:
     def healthy(self) -> list[Backend]:
         """Backends that take requests now (healthy, circuit not open)."""
         now = time.monotonic()
-        return [backend for backend in self.backends if backend.is_routable(now)]
+        return [backend for backend in self.backends if backend.health.is_routable(now)]
 
     def candidates(
-        self, request: GatewayRequest, exclude: Collection[Backend] = ()
+        self, request: GatewayRequest, exclude: Container[Backend] = ()
     ) -> list[Backend]:
         """Backends that can take the request now, best tier only.
 
-        Tiers: CB and Triton servers, then SB servers, then (unless the route is ``local``)
-        the jumpers; a lower tier is used only when no backend of a higher one can take the
-        request. ``exclude`` drops backends already tried for this request (failover).
+        Tiers (each kind says its own): first (CB, Triton, embedding servers, engines), second
+        (SB servers), fallback (jumpers, unless the route is ``local``); a lower tier is used
+        only when no backend of a higher one can take the request. ``exclude`` drops backends
+        this request may not use (failover: those tried).
         """
         model, route = request.model, request.route
         eligible = [
             backend
             for backend in self.healthy()
             if backend not in exclude
-            and (route == "auto" or backend.is_local == (route == "local"))
+            and route_allows(route, backend.is_fallback)
             and (model is None or backend.serves(model))
         ]
         # Tier by tier, so that a backend kind is asked about the request (and builds its
@@ -238,14 +247,14 @@ class BackendRegistry:
         backends = self.healthy() if is_healthy_only else self.backends
         seen: dict[str, None] = {}
         for backend in backends:
-            seen.update(dict.fromkeys(backend.model_ids))
+            seen.update(dict.fromkeys(backend.health.model_ids))
         return list(seen)
 
     def max_model_len(self, model: str) -> int | None:
         """The context length a healthy server reports for ``model`` (the smallest if several)."""
         lengths = [
-            backend.max_model_len
+            backend.health.max_model_len
             for backend in self.healthy()
-            if backend.serves(model) and backend.max_model_len is not None
+            if backend.serves(model) and backend.health.max_model_len is not None
         ]
         return min(lengths) if lengths else None

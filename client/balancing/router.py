@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Container
 
-from client.backends.base import Backend
+from client.backends.backend import Backend
 from client.balancing.policies import BalancingPolicy, LeastRecentlyUsedKey
 from client.balancing.registry import BackendRegistry
-from client.gateway_request import GatewayRequest
+from client.gateway_request import GatewayRequest, route_allows
 from utils.errors import APIError, overloaded
 
 #: Retry-After of "no server can take this now": the next request triggers a health refresh
@@ -30,29 +30,25 @@ class Router:
         #: The jumper tier spreads over API keys, not over servers' load.
         self.key_policy = LeastRecentlyUsedKey()
 
-    async def select(self, request: GatewayRequest, exclude: Collection[Backend] = ()) -> Backend:
+    async def select(self, request: GatewayRequest, exclude: Container[Backend] = ()) -> Backend:
         """The backend for ``request``; raises :class:`APIError` (404/503) when there is none.
 
         ``exclude`` lists backends already tried for this request (failover).
         """
         candidates = self.registry.candidates(request, exclude)
-        if not candidates or (not candidates[0].is_local and request.route == "auto"):
-            # Before falling back upstream (or giving up), make sure no local server came back.
+        if not candidates or (candidates[0].is_fallback and request.route == "auto"):
+            # Before falling back upstream (or giving up), make sure no server came back.
             await self.registry.refresh_if_stale()
             candidates = self.registry.candidates(request, exclude)
         if not candidates:
             raise self._no_candidate_error(request, exclude)
-        policy = self.policy if candidates[0].is_local else self.key_policy
+        policy = self.key_policy if candidates[0].is_fallback else self.policy
         return policy.choose(candidates, request)
 
-    def _no_candidate_error(
-        self, request: GatewayRequest, exclude: Collection[Backend]
-    ) -> APIError:
+    def _no_candidate_error(self, request: GatewayRequest, exclude: Container[Backend]) -> APIError:
         registry, model, route = self.registry, request.model, request.route
         backends = [
-            backend
-            for backend in registry.backends
-            if route == "auto" or backend.is_local == (route == "local")
+            backend for backend in registry.backends if route_allows(route, backend.is_fallback)
         ]
         num_configured = len(backends)
         where = {"auto": "model server", "local": "local model server", "openai": "OpenAI jumper"}
@@ -75,7 +71,7 @@ class Router:
                 f"no server that can take this request is available right now: {reasons}",
                 RETRY_AFTER_SECONDS,
             )
-        if model is None or exclude or model in registry.model_ids(is_healthy_only=False):
+        if model is None or bool(exclude) or model in registry.model_ids(is_healthy_only=False):
             return overloaded(
                 f"no healthy server serves model {model!r} right now", RETRY_AFTER_SECONDS
             )

@@ -26,7 +26,7 @@ from typing import Any
 from redis import asyncio as redis_asyncio
 from redis.exceptions import RedisError
 
-from client.backends.base import Backend
+from client.backends.backend import Backend
 from utils.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ class SharedBreakerState:
         """Make the breakers of ``backends`` report their openings and closings here."""
         for backend in backends:
             key = backend_key(backend)
-            breaker = backend.breaker
+            breaker = backend.health.breaker
             breaker.on_open = lambda seconds, key=key: self._spawn(self._publish(key, seconds))
             breaker.on_close = lambda key=key: self._spawn(self._forget(key))
 
@@ -126,7 +126,7 @@ class SharedBreakerState:
         now_wall, now = time.time(), time.monotonic()
         for backend, value in zip(backends, values, strict=True):
             if value is not None:
-                backend.breaker.adopt_opening(now + float(value) - now_wall, now)
+                backend.health.breaker.adopt_opening(now + float(value) - now_wall, now)
 
     async def _loop(self, backends_of: Callable[[], list[Backend]]) -> None:
         while True:

@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from client.config.schema import ClientConfig, check_server_lists, is_app_name
+from client.backends.kinds import KINDS
+from client.config.schema import ClientConfig, check_listed_once
+from client.config.schema_common import is_app_name
 from utils.config import ConfigError, load_config, resolve_path
 from utils.deployment_apps import DEPLOYMENT_FILE_ENV, app_urls
 
-_LISTS = ("continuous_batching_server_urls", "static_batching_server_urls", "embedding_server_urls")
+#: The config keys whose entries may name deployment apps, kind by kind.
+_LISTS = tuple(key for kind in KINDS for key in kind.app_name_keys())
 
 
 def deployment_file_for(config: ClientConfig, config_path: str | Path) -> Path:
@@ -51,16 +54,10 @@ def load_client_config(path: str | Path, deployment_file: str | Path | None = No
                     f"(its apps: {', '.join(urls) or 'none'})"
                 )
             resolved[key].append(urls[entry] if is_app_name(entry) else entry)
+    # model_copy keeps the secrets as they are (a dump and re-validation would mask them).
+    resolved_config = config.model_copy(update=resolved)
     try:
-        others = [s.url for s in config.triton_server_urls]
-        others += [s.url for s in config.openai_compatible_server_urls]
-        others += resolved["embedding_server_urls"]
-        check_server_lists(
-            resolved["continuous_batching_server_urls"],
-            resolved["static_batching_server_urls"],
-            others,
-        )
+        check_listed_once(resolved_config)
     except ValueError as exc:
         raise ConfigError(f"{path}: with app names resolved from {deployment}: {exc}") from None
-    # model_copy keeps the secrets as they are (a dump and re-validation would mask them).
-    return config.model_copy(update=resolved)
+    return resolved_config

@@ -1,15 +1,16 @@
-"""Pieces every gateway config entry shares: secrets from the environment, server addresses,
-placeholder keys (kept apart so that entry modules such as ``client.config.engines`` and
-``client.config.schema`` both import them without importing each other)."""
+"""Pieces the gateway config's sections share: secrets from the environment, server addresses
+(or deployment app names), DNS entries, placeholder keys. Kept apart so that each backend
+kind's section (``client.backends.kinds``) and ``client.config.schema`` import them without
+importing each other."""
 
 from __future__ import annotations
 
 import os
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BeforeValidator, SecretStr
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, SecretStr
 
 # Template values such as the seed's "YOUR_OPENAI_KEY" must never be sent as a key.
 _PLACEHOLDER_KEY = re.compile(
@@ -53,6 +54,38 @@ def check_base_url(url: str) -> str:
     except ValueError as exc:
         raise ValueError(f"{url!r} has an invalid port: {exc}") from None
     return url
+
+
+# The launcher's rule for app names (launcher.deployment.NAME_PATTERN).
+_APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def is_app_name(entry: str) -> bool:
+    """True for a deployment app name (``cb_server``) rather than a URL in a server list."""
+    return "://" not in entry and bool(_APP_NAME.match(entry))
+
+
+def check_server_address(entry: str) -> str:
+    """A server list entry: a deployment app name, or a valid server URL."""
+    return entry if is_app_name(entry) else check_base_url(entry)
+
+
+#: One entry of a server URL list: a URL, or the name of an app of the deployment.
+ServerAddress = Annotated[str, AfterValidator(check_server_address)]
+
+
+class ServerDNSConfig(BaseModel):
+    """Servers of one kind found through DNS: every address ``name`` resolves to is a server.
+
+    A Kubernetes headless Service answers one A record per ready pod, so the gateway follows
+    the pods without a config change. The name is resolved again at every heartbeat.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, description="DNS name to resolve (all its A/AAAA records)")
+    port: int = Field(ge=1, le=65535)
+    scheme: Literal["http", "https"] = "http"
 
 
 def is_placeholder_key(key: str) -> bool:

@@ -19,7 +19,8 @@ import anyio
 import httpx
 from starlette.responses import Response
 
-from client.backends.base import Backend, InFlightLease
+from client.backends.backend import Backend
+from client.backends.lease import InFlightLease
 from client.backends.translation import Translation
 from client.config.schema import ClientConfig
 from client.forwarding.stream_relay import StreamRelay, returned_headers
@@ -95,7 +96,7 @@ class AttemptRunner:
             is_abandoned = lease.is_abandoned = True
             task.cancel()
 
-        backend.waiting_attempts.add(abandon)
+        backend.health.waiting_attempts.add(abandon)
         try:
             return await task
         except asyncio.CancelledError:
@@ -110,7 +111,7 @@ class AttemptRunner:
             )
             raise Retryable("abandoned", error.to_json_response()) from None
         finally:
-            backend.waiting_attempts.discard(abandon)
+            backend.health.waiting_attempts.discard(abandon)
 
     async def _attempt_task(
         self, backend: Backend, lease: InFlightLease, request: GatewayRequest
@@ -142,7 +143,7 @@ class AttemptRunner:
             "x-request-id": request.request_id,
         }
         headers.update(backend.request_headers())
-        client = self.local_client if backend.is_local else self.upstream_client
+        client = self.upstream_client if backend.uses_proxy else self.local_client
         if translation is not None:
             path, body = translation.request()
         else:
@@ -232,7 +233,7 @@ class AttemptRunner:
                 "upstream %s refused the gateway's key (HTTP %d); the key rests %.0f s",
                 backend.name,
                 status,
-                backend.breaker.seconds_until_retry(),
+                backend.health.breaker.seconds_until_retry(),
             )
             # The caller's own credentials are fine: this is the gateway's problem.
             error = APIError(502, f"the upstream refused the gateway's credentials (HTTP {status})")

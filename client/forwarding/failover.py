@@ -18,11 +18,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+from dataclasses import dataclass
 
 import httpx
 from starlette.responses import Response
 
-from client.backends.base import Backend, InFlightLease
+from client.backends.backend import Backend
+from client.backends.lease import InFlightLease
 from client.balancing.router import Router
 from client.config.schema import ClientConfig
 from client.forwarding.attempt import AttemptRunner, Retryable
@@ -37,6 +39,25 @@ logger = logging.getLogger(__name__)
 FORWARDED_REQUEST_HEADERS = ("traceparent", "tracestate")
 #: Longest single backoff between two attempts.
 MAX_BACKOFF_SECONDS = 1.0
+
+
+@dataclass
+class TriedBackends:
+    """The backends a request may no longer use: those it tried, and every backend of a group
+    whose attempt budget is spent (``max_attempts`` servers, then ``max_attempts`` fallback
+    accounts). A container: routing asks it ``backend in tried``."""
+
+    tried: list[Backend]
+    max_attempts: int
+
+    def __contains__(self, backend: object) -> bool:
+        if not isinstance(backend, Backend):
+            return False
+        num_in_group = sum(b.is_fallback == backend.is_fallback for b in self.tried)
+        return backend in self.tried or num_in_group >= self.max_attempts
+
+    def __bool__(self) -> bool:
+        return bool(self.tried)
 
 
 class Proxy:
@@ -72,10 +93,10 @@ class Proxy:
         tried: list[Backend] = []
         last_failure: Retryable | None = None
         max_attempts = self.config.max_attempts
-        for attempt in range(2 * max_attempts):  # local tier budget + jumper tier budget
+        exclude = TriedBackends(tried, max_attempts)
+        for attempt in range(2 * max_attempts):  # servers' budget + fallback tier's budget
             if attempt > 0:  # before choosing, so the choice sees the state after the pause
                 await asyncio.sleep(self._backoff(attempt))
-            exclude = self._excluded(tried)
             try:
                 backend = await self.router.select(request, exclude=exclude)
             except APIError as exc:
@@ -84,7 +105,7 @@ class Proxy:
                 self.metrics.count_rejected(request.endpoint)
                 self.attempts.finish(request, "rejected", None)
                 raise exc from None
-            if not backend.is_local and request.route == "auto":
+            if backend.is_fallback and request.route == "auto":
                 self.metrics.count_fallback("local_failed" if tried else "no_local_server")
             # No await between the choice and the lease: the next request sees this choice.
             lease = InFlightLease(backend)
@@ -97,16 +118,6 @@ class Proxy:
         assert last_failure is not None
         self.attempts.finish(request, "failed_over", tried[-1])
         return last_failure.response
-
-    def _excluded(self, tried: list[Backend]) -> set[Backend]:
-        """Backends this request may not use: tried ones, and a group whose budget is spent
-        (``max_attempts`` local servers, then ``max_attempts`` jumper keys)."""
-        max_attempts = self.config.max_attempts
-        num_local = sum(backend.is_local for backend in tried)
-        is_spent = {True: num_local >= max_attempts, False: len(tried) - num_local >= max_attempts}
-        exclude = set(tried)
-        exclude.update(b for b in self.router.registry.backends if is_spent[b.is_local])
-        return exclude
 
     def _backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, base * 2**(attempt-1)], capped."""

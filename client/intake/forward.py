@@ -8,6 +8,7 @@ from typing import get_args
 from fastapi import Request
 from fastapi.responses import Response
 
+from client.endpoints import Endpoint
 from client.forwarding.failover import FORWARDED_REQUEST_HEADERS
 from client.gateway import Gateway
 from client.gateway_request import GatewayRequest, ParsedRequest, Route
@@ -43,15 +44,15 @@ def route_of(request: Request) -> Route:
     return value  # type: ignore[return-value]
 
 
-def count_rejected(request: Request, endpoint: str, received_at: float) -> None:
+def count_rejected(request: Request, endpoint: Endpoint, received_at: float) -> None:
     """Count a request the gateway refused before any attempt."""
     metrics = gateway_of(request).metrics
     metrics.count_rejected(endpoint)
     metrics.observe_request(endpoint, "rejected", received_at)
 
 
-async def forward(request: Request, endpoint: str, schema: type[ParsedRequest]) -> Response:
-    """Validate the caller's body against ``schema``, then forward the body unchanged.
+async def forward(request: Request, endpoint: Endpoint) -> Response:
+    """Validate the caller's body against the endpoint's model, then forward it unchanged.
 
     Forwarding the original bytes (not the parsed model) lets fields the gateway does not know
     but the server does pass through.
@@ -60,7 +61,7 @@ async def forward(request: Request, endpoint: str, schema: type[ParsedRequest]) 
     try:
         route = route_of(request)
         body = await read_body(request, gateway_of(request).config.max_request_bytes)
-        parsed = parse_json_body(body, schema)
+        parsed = parse_json_body(body, endpoint.spec.schema)
     except APIError:
         count_rejected(request, endpoint, received_at)
         raise
@@ -69,7 +70,7 @@ async def forward(request: Request, endpoint: str, schema: type[ParsedRequest]) 
 
 async def forward_parsed(
     request: Request,
-    endpoint: str,
+    endpoint: Endpoint,
     parsed: ParsedRequest,
     body: bytes,
     route: Route,

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from client.backends.base import InFlightLease
+from client.backends.lease import InFlightLease
 from client.balancing.discovery import DNSDiscovery, resolve_all, server_url
-from client.config.schema import ClientConfig, ServerDNSConfig
+from client.config.schema import ClientConfig
+from client.config.schema_common import ServerDNSConfig
 from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
 from tests.support.servers import ServerThread, start_gateway, stop_all
 from tests.support.waiting import wait_until

@@ -159,7 +159,7 @@ def test_rate_limited_key_moves_traffic_to_the_next_key(
     assert response.status_code == 502 and "credentials" in response.json()["error"]["message"]
     # A 400 from upstream passes back, with the key scrubbed out of the upstream's message.
     setup.upstream.fail_status_by_key = {}
-    setup.gateway.app.state.gateway.registry.backends[2].breaker.record_success()
+    setup.gateway.app.state.gateway.registry.backends[2].health.breaker.record_success()
     setup.upstream.fail_status_by_key = {KEYS[1]: 400}
     response = setup.gateway.http.post("/v1/chat/completions", json=CHAT)
     assert response.status_code == 400 and "***" in response.text

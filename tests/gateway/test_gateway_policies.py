@@ -10,8 +10,12 @@ from collections import Counter
 import pytest
 from pydantic import SecretStr
 
-from client.backends.base import Backend, InFlightLease
+from client.backends.backend import Backend
 from client.backends.circuit_breaker import CircuitBreaker
+from client.backends.kinds.openai_compatible import OpenAICompatibleUpstream
+from client.backends.kinds.openai_compatible_config import OpenAIJumperConfig
+from client.backends.kinds.triton import TritonServer, TritonServerConfig
+from client.backends.lease import InFlightLease
 from client.backends.native_answers_to_openai import OpenAIShaper
 from client.backends.native_to_openai import (
     OpenAIStreamTranslator,
@@ -19,9 +23,8 @@ from client.backends.native_to_openai import (
     to_openai,
     upstream_unsupported_fields,
 )
-from client.backends.openai_upstream import OpenAIJumper
+from client.backends.status import status_of
 from client.backends.translation import SecretScrubber
-from client.backends.triton_server import TritonBackend
 from client.balancing.policies import (
     LeastRecentlyUsedKey,
     PowerOfTwoChoices,
@@ -30,12 +33,13 @@ from client.balancing.policies import (
     affinity_key_of,
 )
 from client.balancing.registry import BackendRegistry
-from client.config.schema import ClientConfig, OpenAIJumperConfig, TritonServerConfig
+from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest, Route
 from client.intake.auth import check_caller
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from protocol.openai_api import ChatCompletionRequest, ChatMessage, CompletionRequest
+from tests.gateway.backend_factory import healthy_server, jumper
 from utils.errors import APIError
 
 
@@ -63,13 +67,7 @@ INFO = _request("/v1/chat/completions")
 
 
 def _backend(url: str, **load: int) -> Backend:
-    return Backend(
-        url=url,
-        kind="continuous_batching",
-        model_ids=["m"],
-        is_healthy=True,
-        load=LoadReport(**load),
-    )
+    return healthy_server(url, "continuous_batching", ["m"], **load)
 
 
 def _info(key: str | None) -> GatewayRequest:
@@ -132,9 +130,9 @@ def test_affinity_leaves_an_overloaded_server_and_balances_keyless_requests() ->
     policy = SessionAffinity(max_imbalance=3)
     preferred = policy.choose(backends, _info("chat-1"))
     other = next(b for b in backends if b is not preferred)
-    preferred.load = LoadReport(num_running=3)
+    preferred.health.load = LoadReport(num_running=3)
     assert policy.choose(backends, _info("chat-1")) is preferred  # within the allowed imbalance
-    preferred.load = LoadReport(num_running=4)
+    preferred.health.load = LoadReport(num_running=4)
     assert policy.choose(backends, _info("chat-1")) is other
     # No key: least outstanding work.
     assert policy.choose(backends, _info(None)) is other
@@ -189,37 +187,35 @@ def test_circuit_breaker_opens_half_opens_and_closes() -> None:
 
 def test_lease_verdicts_drive_the_breaker() -> None:
     backend = _backend("http://a:1")
-    backend.breaker = CircuitBreaker(failure_threshold=2, cooldown_seconds=60)
+    backend.health.breaker = CircuitBreaker(failure_threshold=2, cooldown_seconds=60)
     for _ in range(2):
         InFlightLease(backend).release(is_failure=True)
-    assert not backend.is_routable()
-    assert backend.num_failures == 2 and backend.status().circuit == "open"
+    assert not backend.health.is_routable()
+    assert backend.health.num_failures == 2 and status_of(backend).circuit == "open"
     registry = BackendRegistry([backend, _backend("http://b:1")])
     assert [b.url for b in registry.candidates(_request())] == ["http://b:1"]
 
 
 def test_failed_heartbeats_mark_down_after_threshold() -> None:
     backend = _backend("http://a:1")
-    backend.num_failures_to_mark_down = 2
-    backend.record_failed_heartbeat("timeout")
-    assert backend.is_healthy
-    backend.record_failed_heartbeat("timeout")
-    assert not backend.is_healthy and backend.last_error == "timeout"
+    backend.health.num_failures_to_mark_down = 2
+    backend.health.record_failed_heartbeat("timeout")
+    assert backend.health.is_healthy
+    backend.health.record_failed_heartbeat("timeout")
+    assert not backend.health.is_healthy and backend.health.last_error == "timeout"
 
 
 def test_backend_kinds_are_asked_lazily_and_once() -> None:
     local = _backend("http://a:1")
     key = _jumper("sk-key-0-abcdefgh")
-    triton = TritonBackend.from_config(
-        TritonServerConfig(url="http://t:1", models={"m": "ensemble"})
-    )
-    triton.is_healthy, triton.model_ids = True, ["m"]
+    triton = TritonServer.from_entry(TritonServerConfig(url="http://t:1", models={"m": "ensemble"}))
+    triton.health.is_healthy, triton.health.model_ids = True, ["m"]
     native = _request("/generate", stream=True)
     registry = BackendRegistry([local, key])
     assert registry.candidates(native) == [local]
     # Our server takes the request as sent: the jumper was never asked to translate it.
     assert key not in native.plans
-    local.is_healthy = False
+    local.health.is_healthy = False
     assert registry.candidates(native) == [key]
     plan = native.plans[key]
     assert plan.translation is not None
@@ -243,16 +239,16 @@ def test_backend_kinds_are_asked_lazily_and_once() -> None:
 # -- jumpers --------------------------------------------------------------------------------
 
 
-def _jumper(key: str, index: int = 0, **fields: object) -> OpenAIJumper:
+def _jumper(key: str, index: int = 0, **fields: object) -> OpenAICompatibleUpstream:
     config = OpenAIJumperConfig.model_validate(
         {"api_key": key, "base_url": "http://up:1/v1", **fields}
     )
-    return OpenAIJumper.from_config(config, index)
+    return jumper(config, index)
 
 
 def test_jumper_maps_models_paths_and_hides_its_key() -> None:
     jumper = _jumper("sk-secret-123456789", models=["gpt-x"], model_map={"local": "gpt-y"})
-    assert jumper.model_ids == ["gpt-x", "local"]
+    assert jumper.health.model_ids == ["gpt-x", "local"]
     assert jumper.serves("local") and jumper.serves("gpt-x") and not jumper.serves("other")
     assert jumper.upstream_model("local") == "gpt-y" and jumper.upstream_model("gpt-x") == "gpt-x"
     assert jumper.url_for("/v1/chat/completions") == "http://up:1/v1/chat/completions"
@@ -264,7 +260,7 @@ def test_jumper_maps_models_paths_and_hides_its_key() -> None:
     beams = _request("/generate", model="local", generation_config={"num_beams": 2})
     assert "generation_config.num_beams" in (jumper.plan_for(beams).refusal or "")
     assert jumper.request_headers()["authorization"] == "Bearer sk-secret-123456789"
-    assert "secret" not in jumper.name and "secret" not in jumper.status().model_dump_json()
+    assert "secret" not in jumper.name and "secret" not in status_of(jumper).model_dump_json()
     assert jumper.scrub("bad key sk-secret-123456789!") == "bad key ***!"
     assert _jumper("sk-any-key-000000").serves("anything")  # no list: any model
 
@@ -284,7 +280,7 @@ def test_registry_prefers_local_and_picks_least_recently_used_key() -> None:
     unsupported = info("/generate", "openai", generation_config={"top_k": 5})
     assert registry.candidates(unsupported) == []
     assert registry.candidates(info(route="openai")) == keys
-    local.is_healthy = False
+    local.health.is_healthy = False
     assert registry.candidates(info()) == keys  # the fallback tier
     assert registry.candidates(info(route="local")) == []
     keys[1].rest(30)
@@ -306,7 +302,7 @@ async def test_apply_config_keeps_state_of_kept_backends() -> None:
     )
     registry = BackendRegistry.from_config(config)
     a, _, jumper = registry.backends
-    a.is_healthy = True
+    a.health.is_healthy = True
     jumper.rest(100)  # type: ignore[attr-defined]
     new_config = ClientConfig(
         continuous_batching_server_urls=["http://a:1", "http://c:1"],
@@ -315,9 +311,9 @@ async def test_apply_config_keeps_state_of_kept_backends() -> None:
     )
     added = await registry.apply_config(new_config)  # not started: nothing is probed
     assert [b.name for b in added] == ["http://c:1", "openai[1]@https://api.openai.com/v1"]
-    assert registry.backends[0] is a and a.is_healthy
-    assert registry.backends[2] is jumper and jumper.breaker.state() == "open"
-    assert all(b.breaker.failure_threshold == 7 for b in registry.backends)
+    assert registry.backends[0] is a and a.health.is_healthy
+    assert registry.backends[2] is jumper and jumper.health.breaker.state() == "open"
+    assert all(b.health.breaker.failure_threshold == 7 for b in registry.backends)
 
 
 # -- caller auth ----------------------------------------------------------------------------

@@ -9,14 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from client.backends.base import Backend, InFlightLease
+from client.backends.backend import Backend
+from client.backends.kinds.openai_compatible_config import OpenAIJumperConfig
+from client.backends.lease import InFlightLease
+from client.backends.status import status_of
 from client.balancing.policies import POLICIES, LeastOutstandingWork, make_policy
 from client.balancing.registry import BackendRegistry
 from client.config.loading import load_client_config
-from client.config.schema import ClientConfig, OpenAIJumperConfig, is_placeholder_key
+from client.config.schema import ClientConfig
+from client.config.schema_common import is_placeholder_key
 from client.gateway_request import GatewayRequest
 from protocol.generation import GenerateRequest
-from protocol.health import LoadReport
+from tests.gateway.backend_factory import healthy_server
 from tests.support.paths import REPO_ROOT
 from utils.config import ConfigError, load_config
 
@@ -35,7 +39,7 @@ def _write(tmp_path: Path, data: dict) -> Path:
 
 
 def _backend(url: str, model: str = "m", kind: str = "static_batching", **load: int) -> Backend:
-    return Backend(url=url, kind=kind, model_ids=[model], is_healthy=True, load=LoadReport(**load))  # type: ignore[arg-type]
+    return healthy_server(url, kind, [model], **load)
 
 
 # -- config ---------------------------------------------------------------------------------
@@ -87,7 +91,7 @@ def test_seed_template_placeholder_key_is_disabled_and_hidden() -> None:
                 "static_batching_server_urls": ["http://t:1"],
                 "triton_server_urls": [{"url": "http://t:1", "models": {"m": "ensemble"}}],
             },
-            "Triton or OpenAI-compatible server too",
+            "both as a static-batching server and as a Triton server",
         ),
         (
             {
@@ -163,7 +167,7 @@ def test_candidates_by_model_health_and_kind() -> None:
     cb = _backend("http://cb:1", model="m", kind="continuous_batching")
     other = _backend("http://other:1", model="other")
     down = _backend("http://down:1", model="m", kind="continuous_batching")
-    down.is_healthy = False
+    down.health.is_healthy = False
     registry = BackendRegistry([sb, cb, other, down])
 
     info = _request
@@ -173,7 +177,7 @@ def test_candidates_by_model_health_and_kind() -> None:
     assert registry.candidates(info("other")) == [other]
     assert registry.candidates(info("unknown")) == []
     assert registry.candidates(info(None)) == [cb]  # any model: best kind tier
-    cb.is_healthy = False
+    cb.health.is_healthy = False
     assert registry.candidates(info(None)) == [sb, other]
     assert registry.model_ids() == ["m", "other"]
     assert registry.model_ids(is_healthy_only=False) == ["m", "other"]
@@ -181,13 +185,14 @@ def test_candidates_by_model_health_and_kind() -> None:
 
 def test_backend_status_snapshot_is_json_ready() -> None:
     backend = _backend("http://a:1", num_waiting=1)
-    status = backend.status().model_dump()
+    status = status_of(backend).model_dump()
     assert status["url"] == "http://a:1"
     assert status["load"]["num_waiting"] == 1
     assert status["is_healthy"] is True
-    backend.mark_unreachable("ConnectError: refused")
-    assert backend.status().last_error == "ConnectError: refused"
-    assert not backend.is_healthy and backend.model_ids == ["m"]  # models are remembered
+    backend.health.mark_unreachable("ConnectError: refused")
+    assert status_of(backend).last_error == "ConnectError: refused"
+    # The models are remembered.
+    assert not backend.health.is_healthy and backend.health.model_ids == ["m"]
 
 
 def test_breaker_reports_openings_and_adopts_shared_ones() -> None:
@@ -209,3 +214,63 @@ def test_breaker_reports_openings_and_adopts_shared_ones() -> None:
     assert breaker.num_trips == 0 and opened == [10.0]
     breaker.adopt_opening(1.0, now=200.0)  # shorter than what holds: no change
     assert breaker.seconds_until_retry(now=200.0) == 5.0
+
+
+# -- backend kinds --------------------------------------------------------------------------
+
+
+def test_every_kind_brings_its_config_section() -> None:
+    from client.backends.kinds import KINDS, backends_from_config
+
+    fields = set(ClientConfig.model_fields)
+    for kind in KINDS:
+        assert set(kind.section.model_fields) <= fields, kind.kind
+    config = ClientConfig.model_validate(
+        {
+            "continuous_batching_server_urls": ["http://cb:1"],
+            "static_batching_server_urls": ["http://sb:1"],
+            "embedding_server_urls": ["http://emb:1"],
+            "triton_server_urls": [{"url": "http://t:1", "models": {"m": "ensemble"}}],
+            "openai_compatible_server_urls": [{"url": "http://vllm:1/v1"}],
+            "openai_jumper_configs": [{"api_key": "sk-live-abcdef123456"}],
+        }
+    )
+    backends = backends_from_config(config)
+    assert [(b.kind, b.tier) for b in backends] == [
+        ("continuous_batching", "first"),
+        ("static_batching", "second"),
+        ("embedding", "first"),
+        ("triton", "first"),
+        ("openai_compatible", "first"),
+        ("openai_compatible", "fallback"),
+    ]
+    engine, account = backends[-2:]
+    assert engine.name == "http://vllm:1" and not engine.uses_proxy
+    assert account.name == "openai[0]@https://api.openai.com/v1" and account.uses_proxy
+    assert account.url_for("/v1/chat/completions") == "https://api.openai.com/v1/chat/completions"
+    assert engine.url_for("/v1/chat/completions") == "http://vllm:1/v1/chat/completions"
+    assert engine.url_for("/health") == "http://vllm:1/health"
+
+
+def test_an_engine_entry_may_sit_in_the_fallback_tier() -> None:
+    from client.backends.kinds import backends_from_config
+
+    config = ClientConfig.model_validate(
+        {
+            "openai_compatible_server_urls": [
+                {"url": "http://up:1", "tier": "fallback", "api_key": "sk-up-0123456789"},
+                {"url": "http://sglang:1", "tier": "second"},
+            ],
+            "openai_jumper_configs": [{"api_key": "YOUR_OPENAI_KEY"}],
+        }
+    )
+    account, engine = backends_from_config(config)
+    # Numbered after the jumper entries (the disabled one included), never named by key.
+    assert account.is_fallback and account.name == "openai[1]@http://up:1"
+    assert account.health.is_healthy  # an account has no heartbeat: up unless it rests
+    assert account.request_headers() == {"authorization": "Bearer sk-up-0123456789"}
+    assert account.scrub("bad key sk-up-0123456789") == "bad key ***"
+    assert not account.refuses_credentials(400) and account.refuses_credentials(401)
+    assert account.health.breaker.state() == "open"  # a refused key rests
+    assert engine.tier == "second" and not engine.health.is_healthy  # until a heartbeat
+    assert not engine.refuses_credentials(401)  # an engine's 401 passes back to the caller

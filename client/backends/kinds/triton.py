@@ -4,7 +4,7 @@ Heartbeats use Triton's ready endpoints (``/v2/health/ready``, then ``/v2/models
 for each configured model). Native requests, and OpenAI requests with a native equivalent, go
 through Triton's generate extension (``client.backends.native_to_triton``) and come back in
 the caller's shape. Balancing, failover and the circuit breaker treat a Triton server like our
-own servers.
+own servers (first tier).
 
 What Triton cannot take never goes there: chats unless the entry names a chat template to
 render them with (TensorRT-LLM applies none), several prompts or token-id prompts, and
@@ -15,36 +15,116 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from client.backends.base import Backend, Plan
+from client.backends.backend import Backend
 from client.backends.chat_templates import preload
-from client.backends.native_answers_to_openai import CHAT_PATH, COMPLETIONS_PATH, OpenAIShaper
+from client.backends.native_answers_to_openai import OpenAIShaper
 from client.backends.native_to_triton import NativeToTriton
-from client.config.schema import TritonServerConfig
+from client.backends.plan import Plan
+from client.config.schema_common import ServerDNSConfig, check_base_url
+from client.endpoints import GENERATION_ENDPOINTS, Endpoint
 from client.gateway_request import GatewayRequest
 from protocol.health import LoadReport
 
-#: The caller endpoints a Triton server answers (through translation).
-TRITON_PATHS = ("/generate", COMPLETIONS_PATH, CHAT_PATH)
+if TYPE_CHECKING:
+    from client.config.schema import ClientConfig
+
+
+class TritonServerConfig(BaseModel):
+    """One Triton Inference Server (e.g. with TensorRT-LLM) behind the gateway."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    url: str
+    models: dict[str, str] = Field(
+        min_length=1,
+        description="gateway model id -> Triton model name (TensorRT-LLM: usually 'ensemble')",
+    )
+    default_max_tokens: int = Field(
+        default=256, ge=1, description="max_tokens sent when a request sets none (Triton needs one)"
+    )
+    chat_template_from: str | None = Field(
+        default=None,
+        description="a Hugging Face tokenizer folder whose chat template renders chat requests "
+        "into text for this server (without it, chats never go there)",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str) -> str:
+        return check_base_url(value)
+
+
+class TritonServerDNSConfig(ServerDNSConfig):
+    """Triton servers found through DNS; every address gets the same model names."""
+
+    models: dict[str, str] = Field(min_length=1)
+    default_max_tokens: int = Field(default=256, ge=1)
+    chat_template_from: str | None = None
+
+    def server_config(self, url: str) -> TritonServerConfig:
+        """The entry of one discovered Triton server at ``url``."""
+        fields = self.model_dump(exclude={"name", "port", "scheme"})
+        return TritonServerConfig(url=url, **fields)
+
+
+class TritonSection(BaseModel):
+    """The gateway config's keys for Triton servers."""
+
+    triton_server_urls: list[TritonServerConfig] = Field(default_factory=list)
+    triton_server_dns: TritonServerDNSConfig | None = None
+    triton_model_aliases: dict[str, str] = Field(
+        default_factory=lambda: {"ensemble": ""},
+        description="Triton API on the gateway: model names clients use -> gateway model id "
+        "('' = any model); a Triton + TensorRT-LLM client calls its model 'ensemble'",
+    )
 
 
 @dataclass(eq=False)
-class TritonBackend(Backend):
+class TritonServer(Backend):
     """One Triton server and the models it serves under Triton names."""
+
+    kind = "triton"
+    noun = "Triton server"
+    section = TritonSection
 
     config: TritonServerConfig = field(kw_only=True)
 
     @classmethod
-    def from_config(cls, config: TritonServerConfig) -> TritonBackend:
+    def from_entry(cls, entry: TritonServerConfig) -> TritonServer:
         """The backend for one entry of ``triton_server_urls``."""
-        return cls(url=config.url, kind="triton", config=config)
+        return cls(url=entry.url, config=entry)
+
+    @classmethod
+    def from_config(cls, config: ClientConfig) -> list[Backend]:
+        """One backend per entry of ``triton_server_urls``."""
+        return [cls.from_entry(entry) for entry in config.triton_server_urls]
+
+    @classmethod
+    def listed_urls(cls, config: ClientConfig) -> list[str]:
+        """The entries' URLs."""
+        return [entry.url for entry in config.triton_server_urls]
+
+    @classmethod
+    def dns_entry(cls, config: ClientConfig) -> ServerDNSConfig | None:
+        """``triton_server_dns``."""
+        return config.triton_server_dns
+
+    @classmethod
+    def with_discovered(cls, config: ClientConfig, urls: list[str]) -> dict[str, Any]:
+        """An entry per discovered server, with the DNS entry's model names."""
+        dns = config.triton_server_dns
+        if dns is None or not urls:
+            return {}
+        return {"triton_server_urls": [*config.triton_server_urls, *map(dns.server_config, urls)]}
 
     def adopt_settings(self, fresh: Backend) -> None:
         """The same server from a reloaded config: take its entry (model names, template)."""
-        assert isinstance(fresh, TritonBackend)
+        assert isinstance(fresh, TritonServer)
         self.config = fresh.config
 
     def triton_model(self, model: str | None) -> str:
@@ -57,7 +137,7 @@ class TritonBackend(Backend):
         """Requests with a native equivalent whose decoding Triton can express, through
         Triton's generate API; chats only when the entry names a chat template to render them
         with."""
-        if request.endpoint not in TRITON_PATHS:
+        if request.endpoint not in GENERATION_ENDPOINTS:
             return Plan(refusal=f"Triton servers do not answer {request.endpoint}")
         native = request.native
         if native is None:
@@ -71,7 +151,7 @@ class TritonBackend(Backend):
             )
         model = request.model
         shaper = None
-        if request.endpoint != "/generate":  # answer in the OpenAI shape the caller asked for
+        if request.endpoint != Endpoint.GENERATE:  # answer in the OpenAI shape the caller asked for
             name = model or self.triton_model(model)
             shaper = OpenAIShaper(request.endpoint, name, request.is_usage_streamed)
         try:
@@ -87,10 +167,14 @@ class TritonBackend(Backend):
         try:
             response = await client.get(self.url_for("/v2/health/ready"), timeout=timeout_seconds)
         except httpx.HTTPError as exc:
-            self.record_failed_heartbeat(f"GET /v2/health/ready failed: {type(exc).__name__}")
+            self.health.record_failed_heartbeat(
+                f"GET /v2/health/ready failed: {type(exc).__name__}"
+            )
             return
         if response.status_code != 200:
-            self.record_failed_heartbeat(f"GET /v2/health/ready answered {response.status_code}")
+            self.health.record_failed_heartbeat(
+                f"GET /v2/health/ready answered {response.status_code}"
+            )
             return
         names = list(self.config.models.items())
         ready = await asyncio.gather(
@@ -99,9 +183,9 @@ class TritonBackend(Backend):
         model_ids = [ours for (ours, _), is_ready in zip(names, ready, strict=True) if is_ready]
         # A server whose models are still loading answers ready: it is "loading" until one is.
         status = "ok" if model_ids else "loading"
-        if model_ids and self.config.chat_template_from and not self.is_healthy:
+        if model_ids and self.config.chat_template_from and not self.health.is_healthy:
             await preload(self.config.chat_template_from)  # off the loop, before traffic
-        self.record_health(status, model_ids or list(self.config.models), None, LoadReport())
+        self.health.record_health(status, model_ids or list(self.config.models), None, LoadReport())
 
     async def _is_model_ready(
         self, client: httpx.AsyncClient, triton_model: str, timeout_seconds: float

@@ -1,0 +1,25 @@
+"""Request planning: whether a backend takes a request, and in which form."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from client.backends.translation import Translation
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a backend would take a request: refused (``refusal`` says why), or in which form
+    (``translation``; None: the caller's body goes unchanged)."""
+
+    refusal: str | None = None
+    translation: Translation | None = None
+
+    @property
+    def is_accepted(self) -> bool:
+        """True when the backend can take the request."""
+        return self.refusal is None
+
+
+#: The caller's request, as sent.
+AS_SENT = Plan()
