@@ -6,7 +6,6 @@ Gunicorn calls ``build_app(config_path)`` (one worker: one engine per process);
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from fastapi import FastAPI
@@ -41,14 +40,14 @@ def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
 
 def main() -> None:
     """Run the server in the foreground (for development; use start_app.py to deploy)."""
-    from utils.serving import serve
+    from utils.serving import serve_from_command_line
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=DEFAULT_CONFIG, help="path of the server config JSON")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8001, help="port to bind (default 8001)")
-    args = parser.parse_args()
-    serve(build_app(args.config), host=args.host, port=args.port)
+    serve_from_command_line(
+        build_app,
+        description=__doc__.splitlines()[0],
+        default_config=DEFAULT_CONFIG,
+        default_port=8001,
+    )
 
 
 if __name__ == "__main__":

@@ -8,6 +8,8 @@ limits of ``utils.connection_limits`` hold under ``python <app>.py`` and under g
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from typing import Any, Literal
 
 import uvicorn
@@ -35,6 +37,22 @@ def uvicorn_options(app: Any, parser: Literal["httptools", "h11"] = "httptools")
 def serve(app: Any, *, host: str, port: int, log_level: str = "info", **options: Any) -> None:
     """Serve ``app`` in the foreground (the apps' ``main``), hardened protocol included."""
     uvicorn.run(app, host=host, port=port, log_level=log_level, **uvicorn_options(app), **options)
+
+
+def serve_from_command_line(
+    build_app: Callable[[str], Any], *, description: str, default_config: str, default_port: int
+) -> None:
+    """A model server's ``main``: parse ``--config``, ``--host`` (127.0.0.1) and ``--port``,
+    build the app from the config and serve it in the foreground (for development; the
+    launcher, ``start_app.py``, deploys under gunicorn)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--config", default=default_config, help="path of the server config JSON")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    parser.add_argument(
+        "--port", type=int, default=default_port, help=f"port to bind (default {default_port})"
+    )
+    args = parser.parse_args()
+    serve(build_app(args.config), host=args.host, port=args.port)
 
 
 class HardenedUvicornWorker(UvicornWorker):
