@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.generation import ChatMessage, GenerationConfig
+from utils.chat_template import ChatTemplateError, render_chat
 from utils.errors import APIError
 
 
@@ -28,28 +29,16 @@ class PromptProcessor:
         template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Render ``messages`` with the model's chat template into one prompt string."""
-        if not getattr(self.tokenizer, "chat_template", None):
-            raise APIError(
-                400,
-                "this model has no chat template; send a plain 'prompt' (or use "
-                "/v1/completions) instead of 'messages'",
-                param="messages",
-            )
-        conversation = [
-            # Templates rarely know the newer "developer" role; it means "system".
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in messages
-        ]
         try:
-            return self.tokenizer.apply_chat_template(
-                conversation,
-                tokenize=False,
+            return render_chat(
+                self.tokenizer,
+                messages,
                 add_generation_prompt=add_generation_prompt,
                 continue_final_message=continue_final_message,
-                **(template_kwargs or {}),
+                template_kwargs=template_kwargs,
             )
-        except Exception as exc:  # template errors (e.g. raise_exception) are the caller's
-            raise APIError(400, f"cannot render messages with the chat template: {exc}") from exc
+        except ChatTemplateError as exc:
+            raise APIError(400, str(exc), param="messages" if exc.is_missing else None) from exc
 
     def encode(self, prompt: str, *, is_chat: bool = False) -> list[int]:
         """Tokenize ``prompt``; a rendered chat prompt already holds its special tokens."""
