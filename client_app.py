@@ -2,7 +2,7 @@
 
 Native API (``POST /generate``), OpenAI-compatible API (``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/models``) and Triton's generate API
-(``/v2/models/{m}/generate`` and ``generate_stream``, see ``client.intake.triton_api``),
+(``/v2/models/{m}/generate`` and ``generate_stream``, see ``client.triton.intake``),
 streaming or not. A request is validated once, at intake (a bad body gets a 400 naming the
 field without bothering a server), and travels as one ``GatewayRequest``: the caller's
 original JSON goes to a healthy server that serves the requested model, chosen by the
@@ -32,14 +32,15 @@ from contextlib import asynccontextmanager
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from pydantic import BaseModel
 
 from client.config.loading import load_client_config
-from client.endpoints import Endpoint
+from client.endpoints import ENDPOINT_SPECS, Endpoint
 from client.gateway import BackendTable, Gateway, GatewayHealth
 from client.intake.forward import forward, gateway_of, require_caller_key
-from client.intake.triton_api import triton_routes
+from client.triton.intake import triton_routes
+from client.triton.protocol import TritonGenerateRequest
 from protocol.openai_api import ModelList
-from protocol.triton import TritonGenerateRequest
 from utils.config import ConfigError
 from utils.connection_limits import ConnectionLimits, set_limits
 from utils.errors import install_error_handlers
@@ -73,7 +74,7 @@ def _add_forwarding_route(endpoint: Endpoint) -> None:
     )
 
 
-for _endpoint in Endpoint:
+for _endpoint in ENDPOINT_SPECS:
     _add_forwarding_route(_endpoint)
 
 
@@ -147,7 +148,7 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     app.include_router(routes)
     app.include_router(triton_routes)
     app.include_router(open_routes)
-    documented = [endpoint.spec.schema for endpoint in Endpoint]
+    documented: list[type[BaseModel]] = [spec.schema for spec in ENDPOINT_SPECS.values()]
     document_models(app, [*documented, TritonGenerateRequest])
     return app
 

@@ -1,17 +1,24 @@
-"""The gateway's request endpoints: one table of paths, each with the model its body is
-validated against (the app registers its routes from it, backend kinds compare with it)."""
+"""The gateway's request endpoints: one table of paths and the API each belongs to, with the
+model the JSON endpoints' bodies are validated against (the app registers their routes from it;
+backend kinds compare with it)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Literal
 
+from client.triton.call import TritonCall
 from protocol.embeddings import EmbeddingRequest
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 
 #: The request bodies the gateway routes.
-ParsedRequest = GenerateRequest | CompletionRequest | ChatCompletionRequest | EmbeddingRequest
+ParsedRequest = (
+    GenerateRequest | CompletionRequest | ChatCompletionRequest | EmbeddingRequest | TritonCall
+)
+#: The APIs callers and backends speak.
+Api = Literal["native", "openai", "triton"]
 
 
 class Endpoint(StrEnum):
@@ -21,6 +28,15 @@ class Endpoint(StrEnum):
     COMPLETIONS = "/v1/completions"
     CHAT = "/v1/chat/completions"
     EMBEDDINGS = "/v1/embeddings"
+    TRITON_GENERATE = "/v2/models/{model}/generate"
+    TRITON_GENERATE_STREAM = "/v2/models/{model}/generate_stream"
+
+    @property
+    def api(self) -> Api:
+        """The API this endpoint belongs to."""
+        if self in OPENAI_ENDPOINTS:
+            return "openai"
+        return "native" if self == Endpoint.GENERATE else "triton"
 
     @property
     def is_openai(self) -> bool:
@@ -34,20 +50,24 @@ class Endpoint(StrEnum):
 
 
 #: The OpenAI API's endpoints among ours.
-OPENAI_ENDPOINTS = frozenset({Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS})
+OPENAI_ENDPOINTS: frozenset[Endpoint] = frozenset(
+    {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS}
+)
 #: The endpoints that generate text (every one but embeddings).
-GENERATION_ENDPOINTS = frozenset({Endpoint.GENERATE, Endpoint.COMPLETIONS, Endpoint.CHAT})
+GENERATION_ENDPOINTS = frozenset(Endpoint) - {Endpoint.EMBEDDINGS}
 
 
 @dataclass(frozen=True)
 class EndpointSpec:
     """What the app needs to register one endpoint."""
 
-    schema: type[ParsedRequest]
+    schema: type[GenerateRequest | CompletionRequest | ChatCompletionRequest | EmbeddingRequest]
     summary: str
     description: str
 
 
+#: The JSON endpoints the app registers from this table (Triton's have routes of their own,
+#: in ``client.triton.intake``).
 ENDPOINT_SPECS: dict[Endpoint, EndpointSpec] = {
     Endpoint.GENERATE: EndpointSpec(
         GenerateRequest,

@@ -53,6 +53,7 @@ class GatewayRequest:
     attempts: list[str] = field(default_factory=list, repr=False)
     #: Each asked backend's plan for this request, kept by ``Backend.plan_for``.
     plans: dict[Backend, Plan] = field(default_factory=dict, repr=False)
+    _native_form: GatewayRequest | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.endpoint = Endpoint(self.endpoint)  # also when built in code with a path string
@@ -74,6 +75,21 @@ class GatewayRequest:
         """The native request that asks the same (itself for ``/generate``), or None when none
         does; built on first use (only backends that translate need it)."""
         return self.parsed.to_generate_request()
+
+    def native_form(self) -> GatewayRequest | None:
+        """The same request on the native ``/generate`` endpoint (None when there is none),
+        for a backend that does not speak the caller's API; made once."""
+        if self._native_form is None and self.native is not None:
+            self._native_form = GatewayRequest(
+                endpoint=Endpoint.GENERATE,
+                parsed=self.native,
+                route=self.route,
+                request_id=self.request_id,
+                session_id=self.session_id,
+                headers=self.headers,
+                received_at=self.received_at,
+            )
+        return self._native_form
 
     @property
     def is_usage_streamed(self) -> bool:

@@ -17,9 +17,11 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 import httpx
 from pydantic import BaseModel
 
+from client.backends.callers import caller_translation
 from client.backends.health import BackendHealth
 from client.backends.plan import Plan
 from client.backends.translation import SecretScrubber, StreamTranslator
+from client.endpoints import Api, Endpoint
 from client.gateway_request import GatewayRequest
 
 if TYPE_CHECKING:
@@ -84,6 +86,8 @@ class Backend(abc.ABC):
 
     # -- what the kind says about routing --------------------------------------------------
 
+    #: The APIs whose callers the kind plans for itself (others go through the native form).
+    apis: ClassVar[frozenset[Api]] = frozenset({"native", "openai"})
     #: The kind's routing tier (a kind with a tier setting overrides this with a property).
     tier: ClassVar[Tier] = "first"
     #: True when requests go through the host's HTTP(S)_PROXY (the outside world); our servers
@@ -126,11 +130,31 @@ class Backend(abc.ABC):
 
     def plan_for(self, request: GatewayRequest) -> Plan:
         """:meth:`plan`, worked out once per request and backend (kept on the request, so
-        routing, failover and the attempt share the translation it built)."""
+        routing, failover and the attempt share the translation it built).
+
+        A caller of an API the kind does not speak (not in :attr:`apis`) is served through
+        the request's native form: the kind plans that, and a caller-side translation turns
+        the native answers back into the caller's API.
+        """
         plan = request.plans.get(self)
         if plan is None:
-            plan = request.plans[self] = self.plan(request)
+            plan = request.plans[self] = self._plan_in_callers_api(request)
         return plan
+
+    def _plan_in_callers_api(self, request: GatewayRequest) -> Plan:
+        if request.endpoint.api in self.apis:
+            return self.plan(request)
+        native_form = request.native_form()
+        if native_form is None:  # embeddings, several prompts, token-id prompts
+            if request.endpoint == Endpoint.EMBEDDINGS:
+                return Plan(refusal=f"{self.noun}s do not answer {request.endpoint}")
+            return Plan(
+                refusal=f"{self.noun}s take one text prompt or one conversation per request"
+            )
+        plan = self.plan(native_form)
+        if not plan.is_accepted:
+            return plan
+        return Plan(translation=caller_translation(request, plan.translation))
 
     def upstream_model(self, model: str | None) -> str | None:
         """The model id to send upstream for the gateway's ``model`` (same id here)."""

@@ -13,6 +13,7 @@ import json
 from typing import Any
 
 from client.backends.translation import StreamTranslator, Translation
+from client.endpoints import Endpoint
 from protocol.generation import GenerateRequest, GenerationConfig
 from utils.sse import SSEDataSplitter, encode_done, encode_event
 
@@ -47,10 +48,10 @@ def to_openai(request: GenerateRequest, upstream_model: str | None) -> tuple[str
     if upstream_model:
         body["model"] = upstream_model
     if request.messages is not None:
-        path = "/v1/chat/completions"
+        path = Endpoint.CHAT
         body["messages"] = [message.model_dump(exclude_none=True) for message in request.messages]
     else:
-        path = "/v1/completions"
+        path = Endpoint.COMPLETIONS
         body["prompt"] = request.prompt
     if config.max_new_tokens is not None:
         body["max_tokens"] = config.max_new_tokens

@@ -10,10 +10,12 @@ from client.backends.translation import Translation
 @dataclass(frozen=True)
 class Plan:
     """How a backend would take a request: refused (``refusal`` says why), or in which form
-    (``translation``; None: the caller's body goes unchanged)."""
+    (``translation``; None: the caller's body goes unchanged, to ``path`` when the backend's
+    path differs from the caller's, as the model in a Triton path does)."""
 
     refusal: str | None = None
     translation: Translation | None = None
+    path: str | None = None
 
     @property
     def is_accepted(self) -> bool:

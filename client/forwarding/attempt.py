@@ -57,6 +57,8 @@ class _Attempt:
     lease: InFlightLease
     request: GatewayRequest
     translation: Translation | None
+    #: The backend's path for a request that goes as sent (None: the caller's endpoint).
+    path: str | None = None
 
     def parts(self) -> tuple[Backend, InFlightLease, GatewayRequest, Translation | None]:
         """The four, for unpacking."""
@@ -116,7 +118,8 @@ class AttemptRunner:
     async def _attempt_task(
         self, backend: Backend, lease: InFlightLease, request: GatewayRequest
     ) -> Response:
-        attempt = _Attempt(backend, lease, request, backend.plan_for(request).translation)
+        plan = backend.plan_for(request)
+        attempt = _Attempt(backend, lease, request, plan.translation, plan.path)
         response: httpx.Response | None = None
         try:
             response = await self._send(attempt)
@@ -147,7 +150,7 @@ class AttemptRunner:
         if translation is not None:
             path, body = translation.request()
         else:
-            path, body = request.endpoint, self._body_for(backend, request)
+            path, body = attempt.path or request.endpoint, self._body_for(backend, request)
         upstream_request = client.build_request(
             "POST", backend.url_for(path), content=body, headers=headers, timeout=self._timeout()
         )
@@ -263,13 +266,14 @@ class AttemptRunner:
         lease.release(is_failure=False)
         self._observe(lease, request, "ok")
         self.finish(request, "ok", backend)
+        media_type = response.headers.get("content-type", "application/json")
         if translation is not None:
-            body = translation.answer(body)
+            body, media_type = translation.answer(body), translation.media_type(media_type)
         return Response(
             body,
             status_code=response.status_code,
             headers=returned_headers(response),
-            media_type=response.headers.get("content-type", "application/json"),
+            media_type=media_type,
         )
 
     async def _stream_answer(self, attempt: _Attempt, response: httpx.Response) -> Response:

@@ -92,7 +92,8 @@ class StreamRelay(StreamingResponse):
                 if is_timeout
                 else APIError(502, f"the model server's stream broke off ({type(exc).__name__})")
             )
-            yield encode_event(error.to_response().model_dump())
+            event = encode_event(error.to_response().model_dump())
+            yield self._translator.error_event(event) if self._translator else event
             return
         self._outcome = outcome_of_status(self._upstream.status_code)
 

@@ -14,9 +14,8 @@ from client.backends.backend import Backend
 from client.backends.circuit_breaker import CircuitBreaker
 from client.backends.kinds.openai_compatible import OpenAICompatibleUpstream
 from client.backends.kinds.openai_compatible_config import OpenAIJumperConfig
-from client.backends.kinds.triton import TritonServer, TritonServerConfig
 from client.backends.lease import InFlightLease
-from client.backends.native_answers_to_openai import OpenAIShaper
+from client.backends.native_as_openai import OpenAIShaper
 from client.backends.native_to_openai import (
     OpenAIStreamTranslator,
     answer_from_openai,
@@ -36,6 +35,8 @@ from client.balancing.registry import BackendRegistry
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest, Route
 from client.intake.auth import check_caller
+from client.triton.config import TritonServerConfig
+from client.triton.server_kind import TritonServer
 from protocol.generation import GenerateRequest
 from protocol.health import LoadReport
 from protocol.openai_api import ChatCompletionRequest, ChatMessage, CompletionRequest

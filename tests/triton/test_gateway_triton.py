@@ -143,6 +143,8 @@ def test_native_requests_through_a_triton_backend(
         triton_body = {"text_input": chat_prompt, "max_tokens": 16}
         response = http.post("/v2/models/smol/generate", json=triton_body, timeout=60)
         assert response.json()["text_output"] == text
+        # Triton to Triton passes through untouched: the answer names the server's own model.
+        assert response.json()["model_name"] == triton.model_name
         # What Triton cannot take is refused with the reason, not sent there.
         chat = {"model": "smol", "messages": [{"role": "user", "content": QUESTION}]}
         response = http.post("/generate", json=chat)

@@ -5,19 +5,19 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from client.triton.protocol import (
+    TritonErrorResponse,
+    TritonGenerateRequest,
+    TritonGenerateResponse,
+    triton_response,
+    triton_stream_response,
+)
 from protocol.generation import (
     Choice,
     GenerateRequest,
     GenerateResponse,
     GenerateStreamChunk,
     Usage,
-)
-from protocol.triton import (
-    TritonErrorResponse,
-    TritonGenerateRequest,
-    TritonGenerateResponse,
-    triton_response,
-    triton_stream_response,
 )
 from utils.errors import describe_validation_error
 

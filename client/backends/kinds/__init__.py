@@ -15,7 +15,7 @@ from client.backends.kinds.continuous_batching import ContinuousBatchingServer
 from client.backends.kinds.embedding import EmbeddingServer
 from client.backends.kinds.openai_compatible import OpenAICompatibleUpstream
 from client.backends.kinds.static_batching import StaticBatchingServer
-from client.backends.kinds.triton import TritonServer
+from client.triton.server_kind import TritonServer
 
 if TYPE_CHECKING:
     from client.config.schema import ClientConfig

@@ -1,27 +1,28 @@
 """Native answers turned into OpenAI (chat) completions, for OpenAI callers served by a
-backend that answers in native terms (Triton servers, through ``native_to_triton``).
+backend that answers in native terms (a Triton server, through its native-side translation).
 
 ``OpenAIShaper`` turns native answer dicts and stream chunks into the shape the caller's
-endpoint promises. (The request goes the other way with ``to_generate_request()`` of the
-OpenAI request models.)
+endpoint promises; :class:`NativeAsOpenAI` is the caller-side translation built on it. (The
+request goes the other way with ``to_generate_request()`` of the OpenAI request models.)
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
-from utils.sse import encode_event
-
-CHAT_PATH = "/v1/chat/completions"
-COMPLETIONS_PATH = "/v1/completions"
+from client.backends.translation import CallerTranslation, StreamTranslator, Translation
+from client.endpoints import Endpoint
+from protocol.generation import GenerateRequest
+from utils.sse import SSEDataSplitter, encode_done, encode_event
 
 
 class OpenAIShaper:
     """Native answer dicts -> OpenAI (chat) completion dicts for the caller's ``endpoint``."""
 
-    def __init__(self, endpoint: str, model: str, is_usage_streamed: bool) -> None:
-        self.is_chat = endpoint == CHAT_PATH
+    def __init__(self, endpoint: Endpoint, model: str | None, is_usage_streamed: bool) -> None:
+        self.is_chat = endpoint == Endpoint.CHAT
         self.model = model
         self.is_usage_streamed = is_usage_streamed
         self.created = int(time.time())
@@ -31,6 +32,10 @@ class OpenAIShaper:
         prefix = "chatcmpl" if self.is_chat else "cmpl"
         answer_id = native_id if native_id.startswith(prefix) else f"{prefix}-{native_id}"
         return {"id": answer_id, "object": obj, "created": self.created, "model": self.model}
+
+    def _named(self, native: dict[str, Any]) -> None:
+        # A request naming no model is answered under the model the backend names.
+        self.model = self.model or native.get("model", "")
 
     def _choices(self, native: dict[str, Any], is_chunk: bool) -> list[dict[str, Any]]:
         choices = []
@@ -52,6 +57,7 @@ class OpenAIShaper:
 
     def answer(self, native: dict[str, Any]) -> dict[str, Any]:
         """A whole (chat) completion for a native answer."""
+        self._named(native)
         obj = "chat.completion" if self.is_chat else "text_completion"
         answer = self._base(native["id"], obj)
         answer.update(choices=self._choices(native, is_chunk=False), usage=native["usage"])
@@ -59,6 +65,7 @@ class OpenAIShaper:
 
     def chunk(self, native: dict[str, Any]) -> bytes:
         """The OpenAI stream event(s) for a native stream chunk (usage only when asked for)."""
+        self._named(native)
         obj = "chat.completion.chunk" if self.is_chat else "text_completion"
         events: list[bytes] = []
         choices = self._choices(native, is_chunk=True)
@@ -69,3 +76,42 @@ class OpenAIShaper:
             usage_event = {**self._base(native["id"], obj), "choices": [], "usage": native["usage"]}
             events.append(encode_event(usage_event))
         return b"".join(events)
+
+
+class NativeAsOpenAI(CallerTranslation):
+    """An OpenAI (chat) completion request asked of a backend that answers in native terms."""
+
+    def __init__(
+        self,
+        native: GenerateRequest,
+        inner: Translation | None,
+        endpoint: Endpoint,
+        model: str | None,
+        is_usage_streamed: bool,
+    ) -> None:
+        super().__init__(native, inner)
+        self.shaper = OpenAIShaper(endpoint, model, is_usage_streamed)
+
+    def from_native(self, answer: dict) -> bytes:
+        """The whole (chat) completion."""
+        return json.dumps(self.shaper.answer(answer)).encode()
+
+    def stream_from_native(self) -> StreamTranslator:
+        """Native events -> OpenAI events (errors and ``[DONE]`` as they are)."""
+        return _OpenAIEvents(self.shaper)
+
+
+class _OpenAIEvents(StreamTranslator):
+    def __init__(self, shaper: OpenAIShaper) -> None:
+        self.shaper = shaper
+        self._splitter = SSEDataSplitter()
+
+    def feed(self, data: bytes) -> bytes:
+        out: list[bytes] = []
+        for payload in self._splitter.feed(data):
+            if payload.strip() == b"[DONE]":
+                out.append(encode_done())
+                continue
+            event = json.loads(payload)
+            out.append(encode_event(event) if "error" in event else self.shaper.chunk(event))
+        return b"".join(out)

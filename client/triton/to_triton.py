@@ -1,6 +1,6 @@
 """Native requests asked of a Triton server's generate extension (TensorRT-LLM's ensemble
-fields), and its answers and streams turned back into the caller's shape (native, or OpenAI
-through ``native_answers_to_openai``).
+fields), and its answers and streams read back in native terms (an OpenAI caller's are then
+shaped by ``client.backends.native_as_openai``).
 
 Triton reports neither token counts nor why generation ended, so answers from it carry zero
 usage and no ``finish_reason``.
@@ -12,16 +12,15 @@ import json
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from client.backends.chat_templates import render_chat
-from client.backends.native_answers_to_openai import OpenAIShaper
 from client.backends.translation import StreamTranslator, Translation
+from client.triton.chat_templates import render_chat
+from client.triton.protocol import TritonGenerateRequest, TritonGenerateResponse
 from protocol.generation import GenerateRequest
-from protocol.triton import TritonGenerateRequest, TritonGenerateResponse
 from utils.errors import APIError
 from utils.sse import SSEDataSplitter, encode_done, encode_event
 
 if TYPE_CHECKING:
-    from client.backends.kinds.triton import TritonServerConfig
+    from client.triton.config import TritonServerConfig
 
 _ZERO_USAGE = {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0}
 
@@ -58,13 +57,11 @@ class NativeToTriton(Translation):
         triton_model: str,
         model: str | None,
         config: TritonServerConfig,
-        shaper: OpenAIShaper | None = None,
     ) -> None:
         self.native = native
         self.triton_model = triton_model
         self.model = model or triton_model
         self.config = config
-        self.shaper = shaper
         # Triton echoes an id only when the request had one: native answers always carry one.
         self.request_id = f"triton-{uuid.uuid4().hex}"
         prompt = native.prompt or ""
@@ -93,8 +90,6 @@ class NativeToTriton(Translation):
             "choices": _choices(texts),
             "usage": _ZERO_USAGE,
         }
-        if self.shaper is not None:
-            answer = self.shaper.answer(answer)
         return json.dumps(answer).encode()
 
     def error(self, status: int, body: bytes) -> tuple[int, bytes]:
@@ -111,16 +106,15 @@ class NativeToTriton(Translation):
 
     def stream(self) -> StreamTranslator:
         """Native events for Triton's stream (which has no end marker of its own)."""
-        return TritonStreamTranslator(self.model, self.request_id, self.shaper)
+        return TritonStreamTranslator(self.model, self.request_id)
 
 
 class TritonStreamTranslator(StreamTranslator):
     """Triton ``generate_stream`` events -> native stream chunks, then usage and ``[DONE]``."""
 
-    def __init__(self, model: str, request_id: str, shaper: OpenAIShaper | None = None) -> None:
+    def __init__(self, model: str, request_id: str) -> None:
         self.model = model
         self.request_id = request_id
-        self.shaper = shaper
         self._splitter = SSEDataSplitter()
         self._has_failed = False
 
@@ -153,4 +147,4 @@ class TritonStreamTranslator(StreamTranslator):
         return self._encode(usage_chunk) + encode_done()
 
     def _encode(self, chunk: dict[str, Any]) -> bytes:
-        return self.shaper.chunk(chunk) if self.shaper is not None else encode_event(chunk)
+        return encode_event(chunk)

@@ -1,8 +1,9 @@
 """Triton Inference Server (e.g. Triton + TensorRT-LLM) as a backend of the gateway.
 
 Heartbeats use Triton's ready endpoints (``/v2/health/ready``, then ``/v2/models/{m}/ready``
-for each configured model). Native requests, and OpenAI requests with a native equivalent, go
-through Triton's generate extension (``client.backends.native_to_triton``) and come back in
+for each configured model). A Triton caller's request goes as it came (only the model name in
+the path becomes the server's); native requests go through Triton's generate extension
+(``client.triton.to_triton``), and OpenAI requests through their native form, coming back in
 the caller's shape. Balancing, failover and the circuit breaker treat a Triton server like our
 own servers (first tier).
 
@@ -18,62 +19,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, Field, ValidationError
 
 from client.backends.backend import Backend
-from client.backends.chat_templates import preload
-from client.backends.native_answers_to_openai import OpenAIShaper
-from client.backends.native_to_triton import NativeToTriton
 from client.backends.plan import Plan
-from client.config.schema_common import ServerDNSConfig, check_base_url
-from client.endpoints import GENERATION_ENDPOINTS, Endpoint
+from client.config.schema_common import ServerDNSConfig
+from client.endpoints import Api
 from client.gateway_request import GatewayRequest
+from client.triton.call import TritonCall
+from client.triton.chat_templates import preload
+from client.triton.config import TritonServerConfig, TritonServerDNSConfig
+from client.triton.to_triton import NativeToTriton
 from protocol.health import LoadReport
 
 if TYPE_CHECKING:
     from client.config.schema import ClientConfig
 
 
-class TritonServerConfig(BaseModel):
-    """One Triton Inference Server (e.g. with TensorRT-LLM) behind the gateway."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    url: str
-    models: dict[str, str] = Field(
-        min_length=1,
-        description="gateway model id -> Triton model name (TensorRT-LLM: usually 'ensemble')",
-    )
-    default_max_tokens: int = Field(
-        default=256, ge=1, description="max_tokens sent when a request sets none (Triton needs one)"
-    )
-    chat_template_from: str | None = Field(
-        default=None,
-        description="a Hugging Face tokenizer folder whose chat template renders chat requests "
-        "into text for this server (without it, chats never go there)",
-    )
-
-    @field_validator("url")
-    @classmethod
-    def _check_url(cls, value: str) -> str:
-        return check_base_url(value)
-
-
-class TritonServerDNSConfig(ServerDNSConfig):
-    """Triton servers found through DNS; every address gets the same model names."""
-
-    models: dict[str, str] = Field(min_length=1)
-    default_max_tokens: int = Field(default=256, ge=1)
-    chat_template_from: str | None = None
-
-    def server_config(self, url: str) -> TritonServerConfig:
-        """The entry of one discovered Triton server at ``url``."""
-        fields = self.model_dump(exclude={"name", "port", "scheme"})
-        return TritonServerConfig(url=url, **fields)
-
-
 class TritonSection(BaseModel):
-    """The gateway config's keys for Triton servers."""
+    """The gateway config's keys for Triton servers (and for Triton callers' model names)."""
 
     triton_server_urls: list[TritonServerConfig] = Field(default_factory=list)
     triton_server_dns: TritonServerDNSConfig | None = None
@@ -91,6 +55,7 @@ class TritonServer(Backend):
     kind = "triton"
     noun = "Triton server"
     section = TritonSection
+    apis = frozenset[Api]({"native", "triton"})
 
     config: TritonServerConfig = field(kw_only=True)
 
@@ -134,30 +99,24 @@ class TritonServer(Backend):
         return self.config.models[model]
 
     def plan(self, request: GatewayRequest) -> Plan:
-        """Requests with a native equivalent whose decoding Triton can express, through
-        Triton's generate API; chats only when the entry names a chat template to render them
-        with."""
-        if request.endpoint not in GENERATION_ENDPOINTS:
-            return Plan(refusal=f"Triton servers do not answer {request.endpoint}")
+        """A Triton call as it came (the path naming the server's model); a native request
+        through Triton's generate API when Triton can express its decoding, chats only when the
+        entry names a chat template to render them with."""
+        if request.endpoint.api == "triton":  # the same API: passes through untouched
+            call = request.parsed
+            assert isinstance(call, TritonCall)
+            return Plan(path=call.path_for(self.triton_model(request.model)))
         native = request.native
         if native is None:
-            return Plan(
-                refusal="Triton servers take one text prompt or one conversation per request"
-            )
+            return Plan(refusal=f"Triton servers do not answer {request.endpoint}")
         if native.messages is not None and not self.config.chat_template_from:
             return Plan(
                 refusal=f"Triton server {self.url} takes text, not messages (set "
                 "'chat_template_from' in its entry to render chats)"
             )
         model = request.model
-        shaper = None
-        if request.endpoint != Endpoint.GENERATE:  # answer in the OpenAI shape the caller asked for
-            name = model or self.triton_model(model)
-            shaper = OpenAIShaper(request.endpoint, name, request.is_usage_streamed)
         try:
-            translation = NativeToTriton(
-                native, self.triton_model(model), model, self.config, shaper
-            )
+            translation = NativeToTriton(native, self.triton_model(model), model, self.config)
         except (ValueError, ValidationError) as exc:
             return Plan(refusal=str(exc).splitlines()[0])
         return Plan(translation=translation)

@@ -1,5 +1,6 @@
-"""Rendering chats into prompt text with a model's chat template, for backends that take text
-only (Triton + TensorRT-LLM applies no template)."""
+"""Chats rendered into prompt text for Triton servers (TensorRT-LLM applies no chat template):
+the tokenizer named by the entry's ``chat_template_from``, loaded once, and the suite's one
+renderer (``utils.chat_template``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import functools
 from typing import Any
 
 from protocol.generation import ChatMessage
+from utils.chat_template import render_chat as render_with
 
 
 @functools.lru_cache(maxsize=8)
@@ -25,13 +27,6 @@ async def preload(path: str) -> None:
 
 def render_chat(path: str, messages: list[ChatMessage]) -> str:
     """The prompt text of ``messages`` in the chat template of the tokenizer at ``path``, ending
-    with the assistant's turn opened (as the servers render a chat request)."""
-    conversation = []
-    for message in messages:
-        content = message.content
-        if isinstance(content, list):  # text parts: the template expects one string
-            content = "".join(part.text for part in content)
-        conversation.append({"role": message.role, "content": content or ""})
-    return _tokenizer(path).apply_chat_template(
-        conversation, tokenize=False, add_generation_prompt=True
-    )
+    with the assistant's turn opened (as the servers render a chat request); raises
+    ``ChatTemplateError`` (a ``ValueError``) when it cannot."""
+    return render_with(_tokenizer(path), messages)

@@ -2,25 +2,24 @@
 unchanged: ``POST /v2/models/{model}/generate`` and ``.../generate_stream``, plus the ready
 endpoints.
 
-A Triton request becomes a native ``/generate`` request (``protocol.triton``) and is routed like
-any other (balancing, failover, fallback); the native answer comes back in Triton's shape:
-``{"model_name", "model_version", "text_output"}``, its stream as Server-Sent Events of that
-shape with no end marker, and errors as ``{"error": "<message>"}`` with the HTTP status our
-API would give (and its Retry-After). The model in the path is the name the client uses:
-``triton_model_aliases`` maps it to a gateway model (by default ``ensemble``, TensorRT-LLM's
-name, means "any model").
+A Triton request is parsed once into a :class:`~client.triton.call.TritonCall` and routed like
+any other (balancing, failover, fallback). A Triton server takes it as it came; any other
+backend gets its native form, and its answer comes back in Triton's shape through the
+caller-side translation (``client.triton.from_triton``): ``{"model_name", "model_version",
+"text_output"}``, its stream as Server-Sent Events of that shape with no end marker. Errors
+are ``{"error": "<message>"}`` with the HTTP status our API would give (and its Retry-After).
+The model in the path is the name the client uses: ``triton_model_aliases`` maps it to a
+gateway model (by default ``ensemble``, TensorRT-LLM's name, means "any model").
 """
 
 from __future__ import annotations
 
-import json
 import time
-from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse, Response
 
-from client.forwarding.stream_relay import StreamRelay
+from client.endpoints import Endpoint
 from client.intake.forward import (
     count_rejected,
     forward_parsed,
@@ -28,36 +27,18 @@ from client.intake.forward import (
     require_caller_key,
     route_of,
 )
-from protocol.generation import GenerateResponse, GenerateStreamChunk
-from protocol.triton import (
-    TritonGenerateRequest,
-    triton_response,
-    triton_stream_response,
-)
+from client.triton.call import TritonCall
+from client.triton.from_triton import error_message
+from client.triton.protocol import TritonGenerateRequest
 from utils.errors import APIError, parse_json_body
 from utils.http import read_body
 from utils.openapi import json_body
-from utils.sse import SSE_MEDIA_TYPE, SSEDataSplitter, encode_event
-
-#: The native endpoint Triton requests are routed as.
-NATIVE_ENDPOINT = "/generate"
 
 triton_routes = APIRouter(tags=["Triton generate API"])
 
 
 def _triton_error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return JSONResponse({"error": message}, status_code=status, headers=headers)
-
-
-def _error_message(body: bytes) -> str:
-    """The message of an error in our shape (or the body, if it is something else)."""
-    try:
-        error = json.loads(body).get("error")
-    except (ValueError, AttributeError):
-        return body.decode("utf-8", "replace")[:500]
-    if isinstance(error, dict):
-        return str(error.get("message", error))
-    return str(error)
 
 
 def _gateway_model(request: Request, model: str) -> str | None:
@@ -113,53 +94,25 @@ async def generate_stream(request: Request, model: str) -> Response:
 
 
 async def _generate(request: Request, model: str, *, is_stream_endpoint: bool) -> Response:
+    endpoint = Endpoint.TRITON_GENERATE_STREAM if is_stream_endpoint else Endpoint.TRITON_GENERATE
     received_at = time.monotonic()
     try:
         route = route_of(request)
         body = await read_body(request, gateway_of(request).config.max_request_bytes)
-        triton_request = parse_json_body(body, TritonGenerateRequest)
-        native = triton_request.to_generate_request(
-            _gateway_model(request, model), streaming_endpoint=is_stream_endpoint
+        call = TritonCall(
+            request=parse_json_body(body, TritonGenerateRequest),
+            model_name=model,
+            model=_gateway_model(request, model),
+            is_stream_endpoint=is_stream_endpoint,
         )
     except APIError as exc:
-        count_rejected(request, NATIVE_ENDPOINT, received_at)
+        count_rejected(request, endpoint, received_at)
         return _triton_error(exc.status_code, exc.message, exc.headers)
-    native_body = native.model_dump_json(exclude_none=True).encode()
     try:
-        response = await forward_parsed(
-            request, NATIVE_ENDPOINT, native, native_body, route, received_at
-        )
+        response = await forward_parsed(request, endpoint, call, body, route, received_at)
     except APIError as exc:
         return _triton_error(exc.status_code, exc.message, exc.headers)
-    if response.status_code >= 400:
+    if response.status_code >= 400:  # backends' errors came translated, the gateway's did not
         headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
-        return _triton_error(response.status_code, _error_message(response.body), headers)
-    if isinstance(response, StreamRelay):
-        response.body_iterator = _triton_events(response.body_iterator, model, triton_request.id)
-        return response
-    answer = triton_response(
-        GenerateResponse.model_validate_json(response.body), model, request_id=triton_request.id
-    )
-    if is_stream_endpoint:  # without "stream": true, one event with the whole text
-        return Response(encode_event(answer.to_json()), media_type=SSE_MEDIA_TYPE)
-    return JSONResponse(answer.to_json())
-
-
-async def _triton_events(
-    native_events: AsyncIterator[bytes | str], model: str, request_id: str | None
-) -> AsyncIterator[bytes]:
-    """Native stream events -> Triton events (text deltas; errors as ``{"error": "..."}``)."""
-    splitter = SSEDataSplitter()
-    async for data in native_events:
-        raw = data.encode() if isinstance(data, str) else data
-        for payload in splitter.feed(raw):
-            if payload.strip() == b"[DONE]":
-                continue  # Triton's stream has no end marker: it just ends
-            event = json.loads(payload)
-            if "error" in event:
-                yield encode_event({"error": _error_message(payload)})
-                continue
-            chunk = GenerateStreamChunk.model_validate(event)
-            triton_event = triton_stream_response(chunk, model, request_id=request_id)
-            if triton_event is not None:
-                yield encode_event(triton_event.to_json())
+        return _triton_error(response.status_code, error_message(response.body), headers)
+    return response
