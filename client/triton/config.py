@@ -47,7 +47,7 @@ class TritonServerDNSConfig(ServerDNSConfig):
 
 
 class TritonSection(BaseModel):
-    """The gateway config's keys for Triton servers."""
+    """The gateway config's keys for Triton servers (and for Triton callers' model names)."""
 
     triton_server_urls: list[TritonServerConfig] = Field(default_factory=list)
     triton_server_dns: TritonServerDNSConfig | None = None

@@ -71,30 +71,37 @@ async def model_ready(request: Request, model: str) -> Response:
     return _triton_error(400, "Model version not ready")
 
 
-@triton_routes.post(
-    "/v2/models/{model}/generate",
-    dependencies=[Depends(require_caller_key)],
-    openapi_extra=json_body(TritonGenerateRequest),
-    summary="Triton generate: the whole text in one answer",
-)
-async def generate(request: Request, model: str) -> Response:
-    """Triton's ``generate`` over the gateway's backends."""
-    return await _generate(request, model, is_stream_endpoint=False)
+#: The two generate endpoints: summary, and whether the answer is an event stream.
+_GENERATE_ENDPOINTS = {
+    Endpoint.TRITON_GENERATE: ("Triton generate: the whole text in one answer", False),
+    Endpoint.TRITON_GENERATE_STREAM: (
+        "Triton generate_stream: text deltas as Server-Sent Events",
+        True,
+    ),
+}
 
 
-@triton_routes.post(
-    "/v2/models/{model}/generate_stream",
-    dependencies=[Depends(require_caller_key)],
-    openapi_extra=json_body(TritonGenerateRequest),
-    summary="Triton generate_stream: text deltas as Server-Sent Events",
-)
-async def generate_stream(request: Request, model: str) -> Response:
-    """Triton's ``generate_stream`` over the gateway's backends."""
-    return await _generate(request, model, is_stream_endpoint=True)
+def _add_generate_route(endpoint: Endpoint, summary: str, is_stream_endpoint: bool) -> None:
+    """``POST <endpoint>`` (its path names the model) over the gateway's backends."""
+
+    async def route(request: Request, model: str) -> Response:
+        return await _generate(request, model, endpoint, is_stream_endpoint)
+
+    route.__name__ = endpoint.name.lower()
+    route.__doc__ = f"{summary.split(':')[0]} over the gateway's backends."
+    triton_routes.add_api_route(
+        endpoint.value,
+        route,
+        methods=["POST"],
+        dependencies=[Depends(require_caller_key)],
+        openapi_extra=json_body(TritonGenerateRequest),
+        summary=summary,
+    )
 
 
-async def _generate(request: Request, model: str, *, is_stream_endpoint: bool) -> Response:
-    endpoint = Endpoint.TRITON_GENERATE_STREAM if is_stream_endpoint else Endpoint.TRITON_GENERATE
+async def _generate(
+    request: Request, model: str, endpoint: Endpoint, is_stream_endpoint: bool
+) -> Response:
     received_at = time.monotonic()
     try:
         route = route_of(request)
@@ -116,3 +123,7 @@ async def _generate(request: Request, model: str, *, is_stream_endpoint: bool) -
         headers = {k: v for k, v in response.headers.items() if k.lower() == "retry-after"}
         return _triton_error(response.status_code, error_message(response.body), headers)
     return response
+
+
+for _endpoint, (_summary, _is_stream_endpoint) in _GENERATE_ENDPOINTS.items():
+    _add_generate_route(_endpoint, _summary, _is_stream_endpoint)

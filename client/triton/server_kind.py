@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from pydantic import BaseModel, Field, ValidationError
+from pydantic import ValidationError
 
 from client.backends.backend import Backend
 from client.backends.plan import Plan
@@ -28,24 +28,12 @@ from client.endpoints import Api
 from client.gateway_request import GatewayRequest
 from client.triton.call import TritonCall
 from client.triton.chat_templates import preload
-from client.triton.config import TritonServerConfig, TritonServerDNSConfig
+from client.triton.config import TritonSection, TritonServerConfig
 from client.triton.to_triton import NativeToTriton
 from protocol.health import LoadReport
 
 if TYPE_CHECKING:
     from client.config.schema import ClientConfig
-
-
-class TritonSection(BaseModel):
-    """The gateway config's keys for Triton servers (and for Triton callers' model names)."""
-
-    triton_server_urls: list[TritonServerConfig] = Field(default_factory=list)
-    triton_server_dns: TritonServerDNSConfig | None = None
-    triton_model_aliases: dict[str, str] = Field(
-        default_factory=lambda: {"ensemble": ""},
-        description="Triton API on the gateway: model names clients use -> gateway model id "
-        "('' = any model); a Triton + TensorRT-LLM client calls its model 'ensemble'",
-    )
 
 
 @dataclass(eq=False)
