@@ -8,86 +8,48 @@ token (stop ids, ``max_new_tokens``), and :meth:`Decoder.finish_text` detokenise
 stop strings. On a GPU the engine runs ``finish_text`` for step N while step N+1's forward
 computes; a sequence that a stop string ends then has run in step N+1 for nothing, and
 ``launch`` gives it no token.
+
+The decoder is the bookkeeping, in plain Python: it never touches a tensor (nor imports torch).
+Every tensor op of the token choice runs behind a :class:`TokenSampler`
+(:class:`server.continuous_batching.sampler.LogitsSampler` in the engine), which takes row
+indices and row parameters and gives back plain tokens and beam candidates. The rules live by
+concern: :mod:`~server.continuous_batching.token_acceptance` (row parameters, stop ids,
+lengths), :mod:`~server.continuous_batching.sequence_forks` (samples and beams sharing
+blocks), :mod:`~server.continuous_batching.text_deltas` (text and stop strings),
+:mod:`~server.continuous_batching.beam_search` (the beams' scores and choices), and
+:mod:`~server.continuous_batching.decoding_steps` (what the phases hand over).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from server.common.backend import TextDelta
-from server.common.detokenizer import IncrementalDetokenizer
 from server.continuous_batching.beam_search import BeamSearchState
 from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.sampler import RowParams, beam_log_probs, sample
+from server.continuous_batching.decoding_steps import (
+    GroupRows,
+    GroupTokens,
+    PreparedRows,
+    RequestOutput,
+    SampledStep,
+    StepTokens,
+    TokenSampler,
+)
 from server.continuous_batching.sequence import Sequence, SequenceGroup
-from server.continuous_batching.step_upload import to_device
+from server.continuous_batching.sequence_forks import finish_all, fork_beams, fork_samples
+from server.continuous_batching.text_deltas import TextDeltaMaker
+from server.continuous_batching.token_acceptance import (
+    append_token,
+    row_params_for,
+    stop_token_ids_for,
+)
 
+if TYPE_CHECKING:  # annotations only: this module stays free of torch
+    import torch
 
-@dataclass
-class RequestOutput:
-    """What one step produced for one request (``error``: it failed alone, and is over)."""
-
-    request_id: str
-    deltas: list[TextDelta] = field(default_factory=list)
-    is_finished: bool = False
-    error: str | None = None
-
-
-@dataclass
-class _PreparedRows:
-    """One plain group ready to sample: its logits rows, their parameters, their sequences."""
-
-    entry: _GroupRows
-    row_index: list[int]
-    params: list[RowParams]
-    seqs: list[Sequence]
-
-
-@dataclass
-class _GroupRows:
-    """The logits rows of one sampling group and the sequences they belong to."""
-
-    group: SequenceGroup
-    seqs: list[Sequence]
-    rows: list[int] = field(default_factory=list)
-
-
-@dataclass
-class SampledStep:
-    """A step's token choice queued on the device, not read back yet (:meth:`Decoder.launch`)."""
-
-    #: Plain groups and their tokens: one tensor for all, or one per group after a failure.
-    batches: list[tuple[list[_PreparedRows], torch.Tensor]]
-    #: Ready now: beam-search steps (they sync on their own) and failed requests.
-    outputs: list[RequestOutput]
-
-
-@dataclass
-class _GroupTokens:
-    """One group's new tokens of a step, appended to their sequences, text still to make."""
-
-    group: SequenceGroup
-    tokens: list[tuple[Sequence, int]]
-
-
-@dataclass
-class StepTokens:
-    """A step's tokens read back and appended (:meth:`Decoder.collect`)."""
-
-    groups: list[_GroupTokens] = field(default_factory=list)
-    #: Beam-search steps and failed requests: outputs without text to make.
-    outputs: list[RequestOutput] = field(default_factory=list)
-    #: Groups whose every sequence ended on a stop id or its length: nothing more to schedule.
-    finished: list[SequenceGroup] = field(default_factory=list)
-
-    def drop(self, group: SequenceGroup) -> None:
-        """Forget ``group``'s pending text (it was aborted)."""
-        self.groups = [entry for entry in self.groups if entry.group is not group]
-
+__all__ = ["Decoder", "RequestOutput", "StepTokens", "TokenSampler"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,40 +57,23 @@ logger = logging.getLogger(__name__)
 class Decoder:
     """Owns stop rules and detokenization; mutates groups and their block tables."""
 
-    def __init__(self, tokenizer: Any, block_manager: BlockManager, eos_token_ids: list[int]):
-        self.tokenizer = tokenizer
+    def __init__(
+        self,
+        tokenizer: Any,
+        block_manager: BlockManager,
+        eos_token_ids: list[int],
+        sampler: TokenSampler,
+    ) -> None:
         self.block_manager = block_manager
         self.eos_token_ids = eos_token_ids
-
-    def new_detokenizer(self, group: SequenceGroup) -> IncrementalDetokenizer:
-        """A detokenizer that cuts at the request's stop strings."""
-        return IncrementalDetokenizer(self.tokenizer, group.config.stop)
+        self.sampler = sampler
+        self.text = TextDeltaMaker(tokenizer, block_manager)
 
     def start(self, group: SequenceGroup) -> None:
         """Prepare a new request: its stop token ids and its first sequence's detokenizer."""
-        config = group.config
-        eos = [] if config.ignore_eos else self.eos_token_ids
-        group.stop_token_ids = [*eos, *config.stop_token_ids]
+        group.stop_token_ids = stop_token_ids_for(group.config, self.eos_token_ids)
         for seq in group.seqs:
-            seq.detokenizer = self.new_detokenizer(group)
-
-    # -- row parameters -------------------------------------------------------------------
-    @staticmethod
-    def _row(group: SequenceGroup, seq: Sequence) -> RowParams:
-        """``seq``'s row parameters: built on its first step, then only the ban changes."""
-        row = seq.row_params
-        is_min_reached = seq.num_generated >= group.config.min_new_tokens
-        if row is None:
-            row = seq.row_params = RowParams.from_generation_config(
-                group.config,
-                generator=group.generator,
-                banned_token_ids=None if is_min_reached else group.stop_token_ids,
-                # The live token list: the penalty follows the sequence as it grows.
-                penalty_token_ids=seq.token_ids,
-            )
-        elif row.banned_token_ids and is_min_reached:
-            row.banned_token_ids = []  # min_new_tokens reached: stop ids are allowed from now on
-        return row
+            seq.detokenizer = self.text.new_detokenizer(group)
 
     def launch(
         self, groups: list[tuple[SequenceGroup, list[Sequence]]], logits: torch.Tensor
@@ -136,15 +81,15 @@ class Decoder:
         """Queue the choice of every plain row (one batch) and run the beam-search groups. A
         sequence that a stop string ended after the step was planned (see the module docstring)
         gets no token: its logits row is skipped."""
-        plain: list[_GroupRows] = []
-        beams: list[_GroupRows] = []
+        plain: list[GroupRows] = []
+        beams: list[GroupRows] = []
         row = 0
         for group, seqs in groups:
-            entry = _GroupRows(group, seqs, list(range(row, row + len(seqs))))
+            entry = GroupRows(group, seqs, list(range(row, row + len(seqs))))
             row += len(seqs)
             (beams if group.is_beam_search else plain).append(entry)
         outputs: list[RequestOutput] = []
-        prepared: list[_PreparedRows] = []
+        prepared: list[PreparedRows] = []
         for entry in plain:
             try:
                 rows = self._prepare(entry)
@@ -165,7 +110,7 @@ class Decoder:
         """Read the tokens back and append them; stop ids and lengths end sequences here."""
         result = StepTokens(outputs=step.outputs)
         for batch, tokens in step.batches:
-            token_lists = tokens.tolist()
+            token_lists = self.sampler.read_tokens(tokens)
             start = 0
             for rows in batch:
                 mine = token_lists[start : start + len(rows.row_index)]
@@ -174,13 +119,13 @@ class Decoder:
                 pairs: list[tuple[Sequence, int]] = []
                 try:
                     for seq, token in zip(rows.seqs, mine, strict=True):
-                        self._append_token(group, seq, token)
+                        append_token(group, seq, token, self.block_manager)
                         pairs.append((seq, token))
                 except Exception as exc:
                     result.outputs.append(self._fail(group, exc))
                     continue
                 if pairs:
-                    result.groups.append(_GroupTokens(group, pairs))
+                    result.groups.append(GroupTokens(group, pairs))
                 if all(seq.is_finished for seq in group.seqs):
                     result.finished.append(group)
         return result
@@ -193,7 +138,7 @@ class Decoder:
             output = RequestOutput(group.request_id)
             try:
                 for seq, token in entry.tokens:
-                    output.deltas.append(self._text(group, seq, token))
+                    output.deltas.append(self.text.token_delta(group, seq, token))
             except Exception as exc:
                 outputs.append(self._fail(group, exc))
                 continue
@@ -221,15 +166,19 @@ class Decoder:
         )
 
     # -- greedy and sampling --------------------------------------------------------------
-    def _prepare(self, entry: _GroupRows) -> _PreparedRows | None:
+    def _prepare(self, entry: GroupRows) -> PreparedRows | None:
+        """The rows ``entry`` samples this step: every live sequence's, or, for the first
+        token of ``n`` samples, the prompt's row once per sample (forked here)."""
         group = entry.group
         num_choices = group.config.num_return_sequences
         if len(entry.seqs) == 1 and entry.seqs[0].num_generated == 0 and num_choices > 1:
             # First token of n samples: the prompt's logits row serves every choice.
             parent = entry.seqs[0]
-            params = [self._row(group, parent)] * num_choices
-            children = self._fork(group, parent, num_choices)
-            return _PreparedRows(entry, entry.rows * num_choices, params, children)
+            params = [row_params_for(group, parent)] * num_choices
+            children = fork_samples(
+                group, parent, num_choices, self.block_manager, self.text.new_detokenizer
+            )
+            return PreparedRows(entry, entry.rows * num_choices, params, children)
         live = [
             (row, seq)
             for row, seq in zip(entry.rows, entry.seqs, strict=True)
@@ -237,12 +186,12 @@ class Decoder:
         ]
         if not live:
             return None
-        params = [self._row(group, seq) for _, seq in live]
-        return _PreparedRows(entry, [row for row, _ in live], params, [seq for _, seq in live])
+        params = [row_params_for(group, seq) for _, seq in live]
+        return PreparedRows(entry, [row for row, _ in live], params, [seq for _, seq in live])
 
     def _sample_each(
-        self, prepared: list[_PreparedRows], logits: torch.Tensor, failed: list[RequestOutput]
-    ) -> list[tuple[list[_PreparedRows], torch.Tensor]]:
+        self, prepared: list[PreparedRows], logits: torch.Tensor, failed: list[RequestOutput]
+    ) -> list[tuple[list[PreparedRows], Any]]:
         """The tokens of the prepared groups: one batched ``sample`` for all of them; if that
         raises, each group alone, so that only the group at fault fails (into ``failed``)."""
         if not prepared:
@@ -250,68 +199,27 @@ class Decoder:
         row_index = [r for rows in prepared for r in rows.row_index]
         params = [p for rows in prepared for p in rows.params]
         try:
-            return [(prepared, sample(_select(logits, row_index), params))]
+            return [(prepared, self.sampler.sample(logits, row_index, params))]
         except Exception:
             results = []
             for rows in prepared:
                 try:
-                    mine = sample(_select(logits, rows.row_index), rows.params)
+                    mine = self.sampler.sample(logits, rows.row_index, rows.params)
                 except Exception as exc:
                     failed.append(self._fail(rows.entry.group, exc))
                     continue
                 results.append(([rows], mine))
             return results
 
-    def _fork(self, group: SequenceGroup, parent: Sequence, num: int) -> list[Sequence]:
-        children = []
-        for index in range(num):
-            child = parent.fork()
-            self.block_manager.fork(parent, child)
-            child.choice_index = index
-            child.detokenizer = self.new_detokenizer(group)
-            children.append(child)
-        self.block_manager.free(parent)
-        group.seqs = children
-        return children
-
-    def _append_token(self, group: SequenceGroup, seq: Sequence, token: int) -> None:
-        """Add ``token`` to ``seq`` and apply the stop rules that need no text (stop ids,
-        ``max_new_tokens``); a sequence that ends gives its blocks back now."""
-        seq.token_ids.append(token)
-        if token in group.stop_token_ids:
-            seq.finish_reason = "stop"
-        elif seq.num_generated >= (group.config.max_new_tokens or 0):
-            seq.finish_reason = "length"
-        if seq.is_finished:
-            self.block_manager.free(seq)
-
-    def _text(self, group: SequenceGroup, seq: Sequence, token: int) -> TextDelta:
-        """The choice's delta for ``token`` (appended already); a stop string ends it."""
-        if seq.detokenizer is None:
-            seq.detokenizer = self.new_detokenizer(group)
-        text = "" if token in group.stop_token_ids else seq.detokenizer.add_tokens([token])
-        if seq.detokenizer.is_stopped and seq.finish_reason != "stop":
-            # A stop string wins over the length, as it would have in one pass. Freeing is
-            # safe while a later step is in flight: the device runs work in order, and the
-            # host hands blocks out again only when it schedules the next step.
-            seq.finish_reason = "stop"
-            self.block_manager.free(seq)  # a no-op when the length freed it already
-        if seq.is_finished:
-            text += seq.detokenizer.flush()
-        return TextDelta(
-            index=seq.choice_index,
-            text=text,
-            num_new_tokens=1,
-            finish_reason=seq.finish_reason,
-            token_ids=[token],
-        )
-
     # -- beam search ----------------------------------------------------------------------
-    def _decode_beams(self, entry: _GroupRows, logits: torch.Tensor) -> RequestOutput:
+    def _decode_beams(self, entry: GroupRows, logits: torch.Tensor) -> RequestOutput:
+        """One beam-search step of ``entry``'s request: the candidates from the sampler, the
+        new beams from its state, forked from their parents; the results once it is done."""
         group = entry.group
-        config = group.config
-        if group.beam_state is None:
-            group.beam_state = BeamSearchState(
+        state = group.beam_state
+        if state is None:
+            config = group.config
+            state = group.beam_state = BeamSearchState(
                 num_beams=config.num_beams,
                 num_return_sequences=config.num_return_sequences,
                 length_penalty=config.length_penalty,
@@ -321,52 +229,14 @@ class Decoder:
                 max_new_tokens=config.max_new_tokens or 1,
                 min_new_tokens=config.min_new_tokens,
             )
-        rows = torch.tensor(entry.rows, device=logits.device)
-        params = [self._row(group, seq) for seq in entry.seqs]
-        log_probs = beam_log_probs(logits[rows], params)
-        new_beams = group.beam_state.step(log_probs)
-        children = []
-        for parent_row, token in new_beams:
-            parent = entry.seqs[parent_row]
-            child = parent.fork()
-            self.block_manager.fork(parent, child)
-            child.token_ids.append(token)
-            children.append(child)
-        for seq in entry.seqs:
-            self.block_manager.free(seq)
-        group.seqs = children
+        params = [row_params_for(group, seq) for seq in entry.seqs]
+        candidates = self.sampler.beam_candidates(
+            logits, entry.rows, params, state.running_scores, state.num_candidates
+        )
+        children = fork_beams(group, entry.seqs, state.step(candidates), self.block_manager)
         output = RequestOutput(group.request_id)
-        if group.beam_state.is_done:
-            for seq in children:
-                self.block_manager.free(seq)
-                seq.finish_reason = "length"
-            output.deltas = self._beam_results(group)
+        if state.is_done:
+            finish_all(children, "length", self.block_manager)
+            output.deltas = self.text.beam_deltas(group, state.finished())
             output.is_finished = True
         return output
-
-    def _beam_results(self, group: SequenceGroup) -> list[TextDelta]:
-        deltas = []
-        stop_ids = group.stop_token_ids
-        for index, (token_ids, _score) in enumerate(group.beam_state.finished()):
-            ends_with_stop = bool(token_ids) and token_ids[-1] in stop_ids
-            detokenizer = self.new_detokenizer(group)
-            body = token_ids[:-1] if ends_with_stop else token_ids
-            text = detokenizer.add_tokens(body) + detokenizer.flush()
-            is_stop = ends_with_stop or detokenizer.is_stopped
-            deltas.append(
-                TextDelta(
-                    index=index,
-                    text=text,
-                    num_new_tokens=len(token_ids),
-                    finish_reason="stop" if is_stop else "length",
-                    token_ids=list(token_ids),
-                )
-            )
-        return deltas
-
-
-def _select(logits: torch.Tensor, row_index: list[int]) -> torch.Tensor:
-    """The logits rows ``row_index`` (all of them, in order, without a copy when possible)."""
-    if row_index == list(range(logits.shape[0])):
-        return logits
-    return logits[to_device(row_index, torch.long, logits.device)]

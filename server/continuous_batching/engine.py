@@ -24,7 +24,7 @@ from server.continuous_batching.block_manager import BlockManager
 from server.continuous_batching.decoding import Decoder, RequestOutput, StepTokens
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
 from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.sampler import make_generator
+from server.continuous_batching.sampler import LogitsSampler, make_generator
 from server.continuous_batching.scheduler import Scheduler
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
@@ -111,7 +111,9 @@ class LLMEngine:
         self.scheduler = Scheduler(
             self.block_manager, batcher.batch_max_tokens, batcher.batch_max_beams
         )
-        self.decoder = Decoder(self.tokenizer, self.block_manager, self.eos_token_ids)
+        self.decoder = Decoder(
+            self.tokenizer, self.block_manager, self.eos_token_ids, LogitsSampler()
+        )
         self.groups: dict[str, SequenceGroup] = {}
         self.stats = EngineStats()
         overlap = batcher.overlap_detokenization

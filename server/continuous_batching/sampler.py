@@ -17,16 +17,20 @@ gives the same tokens alone or in any batch. Rows of one request that share a ge
 (``num_return_sequences > 1``) draw in the order they appear in ``rows``; the engine must keep
 that order stable (e.g. by sequence index). The draws differ from ``generate``'s multinomial,
 so the samples are not those transformers would draw for the same seed.
+
+Beam search takes its log-probs here too (:func:`beam_log_probs`), and the one beam step that
+needs all of them, the best continuations over every beam and token
+(:func:`top_beam_candidates`); the rest of beam search is plain Python. :class:`LogitsSampler`
+is what the decoder calls: row indices and parameters in, plain tokens and candidates out.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import torch
 
-from protocol.generation import GenerationConfig
+from server.continuous_batching.beam_search import BeamCandidate
 from server.continuous_batching.logits_processing import (
     apply_banned_tokens,
     apply_repetition_penalty,
@@ -35,58 +39,19 @@ from server.continuous_batching.logits_processing import (
     apply_top_p,
     apply_typical_p,
 )
+from server.continuous_batching.row_params import RowParams
 from server.continuous_batching.step_upload import host_to_device, to_device
 
-__all__ = ["RowParams", "beam_log_probs", "make_generator", "process_logits", "sample"]
-
-
-@dataclass
-class RowParams:
-    """Decoding parameters of one batch row (one sequence of a request)."""
-
-    is_greedy: bool = True
-    temperature: float = 1.0
-    top_k: int = 0  # 0 disables top-k
-    top_p: float = 1.0
-    typical_p: float = 1.0
-    repetition_penalty: float = 1.0
-    generator: torch.Generator | None = None  # None draws from the global RNG
-    # Ids scored -inf this step, e.g. EOS + stop ids while min_new_tokens is not reached.
-    banned_token_ids: list[int] = field(default_factory=list)
-    # Prompt + generated ids; HF penalises over input_ids, which includes the prompt.
-    penalty_token_ids: list[int] | None = None
-
-    @classmethod
-    def from_generation_config(
-        cls,
-        config: GenerationConfig,
-        *,
-        generator: torch.Generator | None = None,
-        banned_token_ids: list[int] | None = None,
-        penalty_token_ids: list[int] | None = None,
-    ) -> RowParams:
-        """Row parameters for a request's sequence (beam rows are built with ``is_greedy``)."""
-        return cls(
-            is_greedy=not config.do_sample or config.is_beam_search,
-            temperature=config.temperature,
-            top_k=config.top_k,
-            top_p=config.top_p,
-            typical_p=config.typical_p,
-            repetition_penalty=config.repetition_penalty,
-            generator=generator,
-            banned_token_ids=list(banned_token_ids or []),
-            penalty_token_ids=penalty_token_ids if config.repetition_penalty != 1.0 else None,
-        )
-
-    @property
-    def samples(self) -> bool:
-        """True when this row draws at random (temperature 0 means greedy, as OpenAI does)."""
-        return not self.is_greedy and self.temperature > 0.0
-
-    @property
-    def penalised(self) -> bool:
-        """True when the repetition penalty changes this row's scores."""
-        return self.repetition_penalty != 1.0 and bool(self.penalty_token_ids)
+__all__ = [
+    "LogitsSampler",
+    "RowParams",
+    "beam_log_probs",
+    "make_generator",
+    "process_logits",
+    "sample",
+    "select_rows",
+    "top_beam_candidates",
+]
 
 
 def make_generator(seed: int | None, device: torch.device | str) -> torch.Generator | None:
@@ -223,3 +188,78 @@ def sample(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
         noise = _exponential_noise(tuple(probs.shape), [rows[i] for i in sampled], scores.device)
         next_tokens[index] = (probs / noise).argmax(dim=-1)
     return next_tokens
+
+
+def top_beam_candidates(
+    log_probs: torch.Tensor, beam_scores: list[float], k: int
+) -> list[BeamCandidate]:
+    """HF's ``_get_top_k_continuations``: the ``k`` best (row, token) continuations of a
+    request's beams by running score plus log-prob, best first, as plain Python.
+
+    ``log_probs`` are the processed ``[R, V]`` log-probs of the running rows (R = 1 on the
+    first step: the prompt stands for every beam, expanded as HF's copies of it), and
+    ``beam_scores`` the ``num_beams`` running scores. The sum and the ``topk`` run where the
+    log-probs are, with HF's ops, so that the candidates and their tie order are HF's; the
+    rest of the beam step is plain Python (:class:`BeamSearchState`).
+    """
+    num_beams = len(beam_scores)
+    num_rows, vocab_size = log_probs.shape
+    if num_rows != num_beams and num_rows != 1:
+        raise ValueError(f"{num_rows} log-prob rows for {num_beams} beams")
+    log_probs = log_probs.to(dtype=torch.float32)
+    if num_rows != num_beams:
+        # HF runs num_beams copies of the prompt; copies 1.. carry -1e9 and lose.
+        log_probs = log_probs.expand(num_beams, -1)
+    scores = to_device(beam_scores, torch.float32, log_probs.device)
+    accumulated = torch.reshape(log_probs[None] + scores[None, :, None], (1, -1))
+    values, indices = torch.topk(accumulated, k=k)
+    # One device-to-host copy for both: float64 holds every float32 and every flat index
+    # (< 2**53) exactly.
+    values_and_indices = torch.cat((values.to(torch.float64), indices.to(torch.float64)))
+    host_values, host_indices = values_and_indices.tolist()
+    return [
+        BeamCandidate(int(index) // vocab_size, int(index) % vocab_size, value)
+        for value, index in zip(host_values, host_indices, strict=True)
+    ]
+
+
+def select_rows(logits: torch.Tensor, row_index: list[int]) -> torch.Tensor:
+    """The logits rows ``row_index`` (all of them, in order, without a copy when possible)."""
+    if row_index == list(range(logits.shape[0])):
+        return logits
+    return logits[to_device(row_index, torch.long, logits.device)]
+
+
+class LogitsSampler:
+    """The decoder's window on the device: it hands over row indices and plain parameters,
+    and gets back tokens and beam candidates as plain Python.
+
+    The decoder (:mod:`server.continuous_batching.decoding`) never touches a tensor; every
+    tensor op of the token choice runs here. Plain tokens come in two phases so that the
+    engine can overlap: :meth:`sample` queues the choice on the device, :meth:`read_tokens`
+    waits for it (the step's one device-to-host sync). A beam group's candidates are read back
+    at once (one sync per beam-search request and step).
+    """
+
+    def sample(
+        self, logits: torch.Tensor, row_index: list[int], params: list[RowParams]
+    ) -> torch.Tensor:
+        """The next token of each row ``row_index`` of ``logits``, queued on the device."""
+        return sample(select_rows(logits, row_index), params)
+
+    def read_tokens(self, tokens: torch.Tensor) -> list[int]:
+        """Tokens queued by :meth:`sample`, read back."""
+        return tokens.tolist()
+
+    def beam_candidates(
+        self,
+        logits: torch.Tensor,
+        row_index: list[int],
+        params: list[RowParams],
+        beam_scores: list[float],
+        k: int,
+    ) -> list[BeamCandidate]:
+        """The ``k`` best continuations of a request's beams (rows ``row_index``), best first
+        (see :func:`beam_log_probs` and :func:`top_beam_candidates`)."""
+        log_probs = beam_log_probs(select_rows(logits, row_index), params)
+        return top_beam_candidates(log_probs, beam_scores, k)

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 
 from protocol.generation import FinishReason, GenerationConfig
 
-if TYPE_CHECKING:  # annotations only: this module stays free of torch
-    from server.continuous_batching.sampler import RowParams
+if TYPE_CHECKING:  # annotations only
+    from server.continuous_batching.beam_search import BeamSearchState
+    from server.continuous_batching.row_params import RowParams
 
 _seq_ids = itertools.count()
 
@@ -99,7 +100,7 @@ class SequenceGroup:
     stop_token_ids: list[int] = field(default_factory=list)
     # Engine-owned decoding state (sampling generator, beam search state).
     generator: Any = None
-    beam_state: Any = None
+    beam_state: BeamSearchState | None = None
     num_preemptions: int = 0
 
     @property

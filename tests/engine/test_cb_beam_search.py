@@ -4,16 +4,22 @@ Two kinds of checks:
 
 - replay: ``model.generate`` runs with a logits processor that records, at every step, the
   running sequences HF feeds the model and the processed log-probs it gets back. Our state is
-  fed those log-probs and must hold exactly the same running sequences at every step, stop at
-  the same step and return the same hypotheses and scores. Feeding HF's own numbers makes the
-  comparison bit-exact and lets one cheap ``generate`` call cover the whole grid of
-  num_beams x length_penalty x early_stopping x eos / ignore_eos, every num_return_sequences.
+  fed the candidates ``top_beam_candidates`` takes from those log-probs and must hold exactly
+  the same running sequences at every step, stop at the same step and return the same
+  hypotheses and scores. Feeding HF's own numbers makes the comparison bit-exact (the state's
+  plain-Python float32 arithmetic included) and lets one cheap ``generate`` call cover the
+  whole grid of num_beams x length_penalty x early_stopping x eos / ignore_eos, every
+  num_return_sequences.
 - engine loop: the state drives the HF model as its scorer (full recompute per step, no cache),
   with our ``beam_log_probs`` doing repetition penalty and min_new_tokens, like the engine.
+
+The state's bookkeeping without a model or torch is in ``test_cb_beam_bookkeeping.py``.
 """
 
 from __future__ import annotations
 
+import math
+import random
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +28,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 
 from server.continuous_batching.beam_search import BeamSearchState
-from server.continuous_batching.sampler import RowParams, beam_log_probs
+from server.continuous_batching.cpu_topk_order import topk_indices
+from server.continuous_batching.sampler import RowParams, beam_log_probs, top_beam_candidates
 
 EOS = 2  # <|im_end|>, also the model's pad id
 # Greedy answers "2 + 2 = 4<|im_end|>": EOS arrives after ~8 tokens, so hypotheses finish while
@@ -103,7 +110,7 @@ def replay(state: BeamSearchState, recorder: Recorder, prompt_len: int) -> None:
         assert state.running_token_ids() == input_ids[:n, prompt_len:].tolist()
         banned = log_probs[:n, EOS] == -float("inf")
         assert bool(banned.all()) == bool(state.banned_token_ids())
-        state.step(log_probs[:n])
+        state.step(top_beam_candidates(log_probs[:n], state.running_scores, state.num_candidates))
     assert state.is_done, "HF stopped but our state would go on"
 
 
@@ -194,7 +201,10 @@ def drive(
             )
             for sequence in sequences
         ]
-        pairs = state.step(beam_log_probs(logits, rows))
+        log_probs = beam_log_probs(logits, rows)
+        pairs = state.step(
+            top_beam_candidates(log_probs, state.running_scores, state.num_candidates)
+        )
         assert len(pairs) == state.num_beams
         beams = [beams[parent] + [token] for parent, token in pairs]
         if not state.is_done:
@@ -248,20 +258,40 @@ def test_engine_loop_matches_generate(
     assert_same_hypotheses(state.finished(), rows, scores, exact=False)
 
 
-def test_state_contract_without_a_model() -> None:
-    """Row counts per step, the min_new_tokens ban, and refusal once done."""
-    state = BeamSearchState(2, 1, 1.0, False, [EOS], 5, max_new_tokens=2, min_new_tokens=1)
-    assert state.num_running == 1 and state.banned_token_ids() == [EOS]
-    with pytest.raises(ValueError, match=r"expected \[1, V\] log-probs"):
-        state.step(torch.zeros(2, 10))
+def test_candidates_are_hf_top_k_continuations() -> None:
+    """``top_beam_candidates``: the prompt row stands for every beam on the first step (the
+    copies at -1e9 lose), then (row, token) come from the flat index, best first."""
     log_probs = torch.log_softmax(torch.arange(10, dtype=torch.float32), dim=-1)
-    assert state.step(log_probs[None]) == [(0, 9), (0, 8)]
-    assert state.num_running == 2 and state.banned_token_ids() == []
-    assert state.running_token_ids() == [[9], [8]]
-    state.step(log_probs.expand(2, -1))
-    assert state.is_done  # max_new_tokens reached
-    assert state.finished() == [([9, 9], pytest.approx(float(log_probs[9]) * 2 / 2))]
-    with pytest.raises(RuntimeError, match="beam search is already done"):
-        state.step(log_probs.expand(2, -1))
-    with pytest.raises(ValueError, match="num_return_sequences <= num_beams"):
-        BeamSearchState(2, 3, 1.0, False, [EOS], 5, 4)
+    first = top_beam_candidates(log_probs[None], [0.0, -1.0e9], 4)
+    assert [(c.row, c.token) for c in first] == [(0, 9), (0, 8), (0, 7), (0, 6)]
+    assert [c.score for c in first] == log_probs[[9, 8, 7, 6]].tolist()
+    scores = [-0.5, -0.25]  # row 1 runs ahead: its best tokens come first
+    later = top_beam_candidates(log_probs.expand(2, -1), scores, 3)
+    assert [(c.row, c.token) for c in later] == [(1, 9), (0, 9), (1, 8)]
+    assert later[0].score == (log_probs[9] + torch.tensor(-0.25)).item()
+    with pytest.raises(ValueError, match="3 log-prob rows for 2 beams"):
+        top_beam_candidates(log_probs.expand(3, -1), scores, 3)
+
+
+def test_cpu_topk_order_matches_torch() -> None:
+    """``topk_indices`` picks and orders as ``torch.topk`` on a CPU, ties included: few
+    distinct values (ties everywhere), NaN and infinities, sorted and patterned inputs (which
+    drive libstdc++'s introselect to its heap fallback), and both of torch's paths (k * 64 <= n
+    or not)."""
+    rng = random.Random(0)
+    pools = [[0.0, 1.0], [0.0, -0.5, -1.0e9], [0.0, 1.0, math.nan, -math.inf, math.inf]]
+    for _ in range(3000):
+        n = rng.choice([rng.randint(1, 24), rng.randint(1, 200)])
+        kind = rng.randrange(4)
+        if kind == 0:
+            values = [rng.choice(rng.choice(pools)) for _ in range(n)]
+        elif kind == 1:
+            values = sorted(rng.random() for _ in range(n))
+        elif kind == 2:
+            values = [float(min(i, n - i) % rng.randint(2, 9)) for i in range(n)]
+        else:
+            values = [rng.random() for _ in range(n)]
+        k = rng.randint(1, n) if rng.random() < 0.7 else rng.randint(1, max(1, n // 64))
+        tensor = torch.tensor(values, dtype=torch.float32)
+        # The float32 values, as the beam state holds them.
+        assert topk_indices(tensor.tolist(), k) == torch.topk(tensor, k)[1].tolist()

@@ -9,7 +9,7 @@ import pytest
 
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest
-from server.continuous_batching import decoding
+from server.continuous_batching import decoding, sampler
 from server.continuous_batching.decoding import RequestOutput
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
@@ -53,14 +53,14 @@ def _mates() -> dict[str, GenerationConfig]:
 
 
 def _poisoned_sample(monkeypatch: pytest.MonkeyPatch) -> None:
-    real_sample = decoding.sample
+    real_sample = sampler.sample
 
     def sample(logits, rows: list[RowParams]):  # type: ignore[no-untyped-def]
         if any(row.temperature == POISON_TEMPERATURE for row in rows):
             raise IndexError("index 10**30 is out of bounds (injected)")
         return real_sample(logits, rows)
 
-    monkeypatch.setattr(decoding, "sample", sample)
+    monkeypatch.setattr(sampler, "sample", sample)
 
 
 @pytest.mark.parametrize("where", ["sampling", "preparation"])
@@ -71,14 +71,14 @@ def test_a_failing_request_fails_alone(
     if where == "sampling":
         _poisoned_sample(monkeypatch)
     else:
-        real_row = decoding.Decoder._row
+        real_row = decoding.row_params_for
 
         def row(group, seq):  # type: ignore[no-untyped-def]
             if group.config.temperature == POISON_TEMPERATURE:
                 raise ValueError("bad row parameters (injected)")
             return real_row(group, seq)
 
-        monkeypatch.setattr(decoding.Decoder, "_row", staticmethod(row))
+        monkeypatch.setattr(decoding, "row_params_for", row)
     poison = GenerationConfig(
         max_new_tokens=8, do_sample=True, temperature=POISON_TEMPERATURE, num_return_sequences=2
     )

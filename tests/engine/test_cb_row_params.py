@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching import decoding
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 from server.continuous_batching.sampler import RowParams
@@ -35,7 +34,7 @@ def num_builds(monkeypatch: pytest.MonkeyPatch) -> list[int]:
         count[0] += 1
         return build(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(decoding.RowParams, "from_generation_config", counting)
+    monkeypatch.setattr(RowParams, "from_generation_config", counting)
     return count
 
 

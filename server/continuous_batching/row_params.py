@@ -1,0 +1,68 @@
+"""The decoding parameters of one logits row (one sequence of a request), as plain data.
+
+The sampler (torch) reads them to process the row's logits; the decoder (plain Python) builds
+them from the request's config and keeps them on the sequence. Only the seeded generator is a
+torch object, and this module merely holds it: it imports no torch, so the decoding
+bookkeeping that builds rows stays free of it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from protocol.generation import GenerationConfig
+
+if TYPE_CHECKING:  # annotations only: this module stays free of torch
+    import torch
+
+__all__ = ["RowParams"]
+
+
+@dataclass
+class RowParams:
+    """Decoding parameters of one batch row (one sequence of a request)."""
+
+    is_greedy: bool = True
+    temperature: float = 1.0
+    top_k: int = 0  # 0 disables top-k
+    top_p: float = 1.0
+    typical_p: float = 1.0
+    repetition_penalty: float = 1.0
+    generator: torch.Generator | None = None  # None draws from the global RNG
+    # Ids scored -inf this step, e.g. EOS + stop ids while min_new_tokens is not reached.
+    banned_token_ids: list[int] = field(default_factory=list)
+    # Prompt + generated ids; HF penalises over input_ids, which includes the prompt.
+    penalty_token_ids: list[int] | None = None
+
+    @classmethod
+    def from_generation_config(
+        cls,
+        config: GenerationConfig,
+        *,
+        generator: torch.Generator | None = None,
+        banned_token_ids: list[int] | None = None,
+        penalty_token_ids: list[int] | None = None,
+    ) -> RowParams:
+        """Row parameters for a request's sequence (beam rows are built with ``is_greedy``)."""
+        return cls(
+            is_greedy=not config.do_sample or config.is_beam_search,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            typical_p=config.typical_p,
+            repetition_penalty=config.repetition_penalty,
+            generator=generator,
+            banned_token_ids=list(banned_token_ids or []),
+            penalty_token_ids=penalty_token_ids if config.repetition_penalty != 1.0 else None,
+        )
+
+    @property
+    def samples(self) -> bool:
+        """True when this row draws at random (temperature 0 means greedy, as OpenAI does)."""
+        return not self.is_greedy and self.temperature > 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """True when the repetition penalty changes this row's scores."""
+        return self.repetition_penalty != 1.0 and bool(self.penalty_token_ids)
