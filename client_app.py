@@ -3,9 +3,10 @@
 Native API (``POST /generate``), OpenAI-compatible API (``/v1/completions``,
 ``/v1/chat/completions``, ``/v1/models``) and Triton's generate API
 (``/v2/models/{m}/generate`` and ``generate_stream``, see ``client.triton.intake``),
-streaming or not. A request is validated once, at intake (a bad body gets a 400 naming the
-field without bothering a server), and travels as one ``GatewayRequest``: the caller's
-original JSON goes to a healthy server that serves the requested model, chosen by the
+streaming or not. The gateway reads only a request's routing fields (``client.routing_fields``;
+a malformed one gets a 400 naming it) and the request travels as one ``GatewayRequest``: the
+caller's original JSON, untouched, goes to a healthy server that serves the requested model,
+which judges the rest of it (our servers answer for themselves), chosen by the
 configured balancing policy (``client.balancing``), with failover to other servers and, when
 no local server can take it, to the OpenAI jumpers (``client.forwarding.failover``).
 ``X-LLM-Route: local|openai|auto`` restricts where a request may go. Every answer carries an

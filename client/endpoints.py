@@ -8,14 +8,21 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
+from client.routing_fields import RoutingFields
 from client.triton.call import TritonCall
 from protocol.embeddings import EmbeddingRequest
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
 
-#: The request bodies the gateway routes.
+#: What the gateway parses of a request: the routing fields of a JSON body, a Triton call; or,
+#: built in code, a whole request model.
 ParsedRequest = (
-    GenerateRequest | CompletionRequest | ChatCompletionRequest | EmbeddingRequest | TritonCall
+    RoutingFields
+    | TritonCall
+    | GenerateRequest
+    | CompletionRequest
+    | ChatCompletionRequest
+    | EmbeddingRequest
 )
 #: The APIs callers and backends speak.
 Api = Literal["native", "openai", "triton"]

@@ -7,8 +7,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from pydantic import ValidationError
+
 from client.endpoints import Endpoint, ParsedRequest
+from client.routing_fields import RoutingFields
 from protocol.generation import GenerateRequest
+from utils.errors import APIError, validation_api_error
 from utils.request_id import new_request_id
 
 if TYPE_CHECKING:
@@ -71,10 +75,29 @@ class GatewayRequest:
         return self.parsed.stream
 
     @functools.cached_property
+    def _native_or_error(self) -> GenerateRequest | APIError | None:
+        parsed = self.parsed
+        if isinstance(parsed, RoutingFields):  # read at intake for routing only: read it all
+            try:
+                parsed = self.endpoint.spec.schema.model_validate_json(self.body)
+            except ValidationError as exc:
+                return validation_api_error(exc)
+        return parsed.to_generate_request()
+
+    @property
     def native(self) -> GenerateRequest | None:
         """The native request that asks the same (itself for ``/generate``), or None when none
-        does; built on first use (only backends that translate need it)."""
-        return self.parsed.to_generate_request()
+        does or the body does not validate (:attr:`native_error` says why); built on first
+        use: only backend kinds that translate need the request's full meaning."""
+        native = self._native_or_error
+        return native if isinstance(native, GenerateRequest) else None
+
+    @property
+    def native_error(self) -> APIError | None:
+        """The 400 for a body that does not validate against its endpoint's model (None when
+        it does)."""
+        error = self._native_or_error
+        return error if isinstance(error, APIError) else None
 
     def native_form(self) -> GatewayRequest | None:
         """The same request on the native ``/generate`` endpoint (None when there is none),

@@ -19,9 +19,9 @@ from pydantic import BaseModel
 
 from client.backends.callers import caller_translation
 from client.backends.health import BackendHealth
-from client.backends.plan import Plan
+from client.backends.plan import Plan, without_native_form
 from client.backends.translation import SecretScrubber, StreamTranslator
-from client.endpoints import Api, Endpoint
+from client.endpoints import Api
 from client.gateway_request import GatewayRequest
 
 if TYPE_CHECKING:
@@ -145,12 +145,8 @@ class Backend(abc.ABC):
         if request.endpoint.api in self.apis:
             return self.plan(request)
         native_form = request.native_form()
-        if native_form is None:  # embeddings, several prompts, token-id prompts
-            if request.endpoint == Endpoint.EMBEDDINGS:
-                return Plan(refusal=f"{self.noun}s do not answer {request.endpoint}")
-            return Plan(
-                refusal=f"{self.noun}s take one text prompt or one conversation per request"
-            )
+        if native_form is None:
+            return without_native_form(request, self.noun)
         plan = self.plan(native_form)
         if not plan.is_accepted:
             return plan

@@ -64,7 +64,12 @@ class Router:
                 RETRY_AFTER_SECONDS,
             )
         serving = [b for b in healthy if model is None or b.serves(model)]
-        refusals = [b.plan_for(request).refusal for b in serving]
+        plans = [b.plan_for(request) for b in serving]
+        errors = [plan.error for plan in plans]
+        if serving and all(errors):  # invalid in the meaning every backend that can serve needs
+            assert errors[0] is not None
+            return errors[0]
+        refusals = [plan.refusal for plan in plans]
         if serving and all(refusals):
             reasons = "; ".join(sorted({reason for reason in refusals if reason}))
             return overloaded(

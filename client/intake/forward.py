@@ -13,6 +13,7 @@ from client.forwarding.failover import FORWARDED_REQUEST_HEADERS
 from client.gateway import Gateway
 from client.gateway_request import GatewayRequest, ParsedRequest, Route
 from client.intake.auth import check_caller
+from client.routing_fields import RoutingFields
 from utils.errors import APIError, parse_json_body
 from utils.http import read_body, run_unless_disconnected
 from utils.request_id import request_id_of
@@ -52,16 +53,16 @@ def count_rejected(request: Request, endpoint: Endpoint, received_at: float) -> 
 
 
 async def forward(request: Request, endpoint: Endpoint) -> Response:
-    """Validate the caller's body against the endpoint's model, then forward it unchanged.
+    """Read the body's routing fields, then forward the body as it came.
 
-    Forwarding the original bytes (not the parsed model) lets fields the gateway does not know
-    but the server does pass through.
+    Only what the gateway routes on is read (``client.routing_fields``): every other field is
+    the backend's to judge, so what a backend can do is never refused here.
     """
     received_at = time.monotonic()
     try:
         route = route_of(request)
         body = await read_body(request, gateway_of(request).config.max_request_bytes)
-        parsed = parse_json_body(body, endpoint.spec.schema)
+        parsed = parse_json_body(body, RoutingFields)
     except APIError:
         count_rejected(request, endpoint, received_at)
         raise

@@ -22,7 +22,7 @@ import httpx
 from pydantic import ValidationError
 
 from client.backends.backend import Backend
-from client.backends.plan import Plan
+from client.backends.plan import Plan, without_native_form
 from client.config.schema_common import ServerDNSConfig
 from client.endpoints import Api
 from client.gateway_request import GatewayRequest
@@ -96,7 +96,7 @@ class TritonServer(Backend):
             return Plan(path=call.path_for(self.triton_model(request.model)))
         native = request.native
         if native is None:
-            return Plan(refusal=f"Triton servers do not answer {request.endpoint}")
+            return without_native_form(request, self.noun)
         if native.messages is not None and not self.config.chat_template_from:
             return Plan(
                 refusal=f"Triton server {self.url} takes text, not messages (set "

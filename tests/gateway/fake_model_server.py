@@ -5,7 +5,8 @@ id and load, ``/v1/models``, and ``/generate`` + ``/v1/completions`` + ``/v1/cha
 with deterministic text (``"[<name>] w1 w2 ..."``), streaming one word per SSE event. It can be
 told to fail, to hold a stream after its first event, or to break a stream off, and it counts
 what happened to its streams. Like a real server it refuses (404) a model it does not serve,
-so a wrongly routed request fails loudly.
+so a wrongly routed request fails loudly, and it validates bodies with the protocol's models
+(400 naming the field), as our servers do: the gateway forwards bodies without judging them.
 """
 
 from __future__ import annotations
@@ -22,12 +23,21 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from protocol.generation import GenerateRequest
 from protocol.health import HealthResponse, LoadReport, ServerKind
-from protocol.openai_api import ModelCard, ModelList
+from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from tests.support.servers import ServerThread
+from utils.errors import APIError, parse_json_body
 from utils.sse import SSE_HEADERS, encode_done, encode_event
 
 _ids = itertools.count()
+
+#: The body model of each generation endpoint.
+_SCHEMAS: dict[str, type[GenerateRequest | CompletionRequest | ChatCompletionRequest]] = {
+    "/generate": GenerateRequest,
+    "/v1/completions": CompletionRequest,
+    "/v1/chat/completions": ChatCompletionRequest,
+}
 
 
 @dataclass
@@ -60,6 +70,8 @@ class FakeServerSettings:
     #: When given, streams send one event, then an error event with this message (``{key}``:
     #: the caller's bearer key, as real upstreams quote it in quota errors), then end.
     stream_error_message: str | None = None
+    #: Validate bodies as our servers do (off: an upstream that takes fields we do not know).
+    is_validating: bool = True
     #: Like an OpenAI upstream: these bearer keys get this status (e.g. 429 for a spent key).
     fail_status_by_key: dict[str, int] = field(default_factory=dict)
     # Observations.
@@ -188,6 +200,11 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
         authorization = request.headers.get("authorization", "")
         settings.authorizations.append(authorization)
         settings.request_ids.append(request.headers.get("x-request-id", ""))
+        if settings.is_validating:
+            try:
+                parse_json_body(json.dumps(body).encode(), _SCHEMAS[path])
+            except APIError as exc:
+                return exc.to_json_response()
         if settings.fail_status is not None:
             await asyncio.sleep(settings.fail_delay_seconds)
             return _error(settings.fail_status, "failing (on purpose)", settings.fail_type)

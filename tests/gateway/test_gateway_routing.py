@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import socket
 import threading
@@ -155,10 +156,10 @@ def test_unknown_model_is_404_listing_models(two_models: tuple) -> None:
         ("/v1/completions", {"model": "model-a", "prompt": "x", "n": 0}, "n"),
     ],
 )
-def test_bad_body_is_400_naming_the_field(
+def test_bad_body_gets_the_servers_400_naming_the_field(
     two_models: tuple, path: str, body: dict, param: str
 ) -> None:
-    gateway, settings_a, _ = two_models
+    gateway, settings_a, settings_b = two_models
     response = gateway.http.post(f"{path}", json=body)
     error = _assert_error_shape(response, 400)
     assert error["type"] == "invalid_request_error"
@@ -166,7 +167,9 @@ def test_bad_body_is_400_naming_the_field(
         assert error["param"] == param and param in error["message"]
     else:
         assert "prompt" in error["message"] and "messages" in error["message"]
-    assert settings_a.requests == []  # refused before forwarding
+    # The gateway forwarded the body as it came: the server answered for itself.
+    received = settings_a.requests + settings_b.requests
+    assert [json.dumps(sent) for _, sent in received] == [json.dumps(body)]
 
 
 def test_invalid_json_and_oversized_body(two_models: tuple) -> None:

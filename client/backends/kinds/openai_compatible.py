@@ -29,7 +29,7 @@ from client.backends.kinds.openai_compatible_config import (
     OpenAIJumperConfig,
 )
 from client.backends.native_to_openai import NativeToOpenAI, upstream_unsupported_fields
-from client.backends.plan import AS_SENT, Plan
+from client.backends.plan import AS_SENT, Plan, without_native_form
 from client.backends.prometheus_load import load_from_metrics
 from client.endpoints import Endpoint
 from client.gateway_request import GatewayRequest
@@ -154,8 +154,10 @@ class OpenAICompatibleUpstream(Backend):
         noun = "OpenAI-compatible upstreams" if self.is_fallback else "OpenAI-compatible engines"
         if request.endpoint.is_openai:
             return AS_SENT
-        if request.endpoint != Endpoint.GENERATE or request.native is None:
+        if request.endpoint != Endpoint.GENERATE:
             return Plan(refusal=f"{noun} do not answer {request.endpoint}")
+        if request.native is None:
+            return without_native_form(request, self.noun)
         unsupported = upstream_unsupported_fields(request.native)
         if unsupported:
             return Plan(refusal=f"{noun} cannot honour {', '.join(unsupported)}")
