@@ -1,0 +1,105 @@
+"""Structured output's grammar side (llguidance) on the default model's tokenizer: schemas
+compiled once, the token bitmask allowing exactly what keeps the output valid, and the mask
+applied to chosen logits rows alone."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from server.common.structured_output import (
+    GrammarCompiler,
+    GrammarError,
+    OutputConstraint,
+    allocate_bitmask,
+    apply_bitmask,
+)
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer"},
+        "city": {"type": "object", "properties": {"zip": {"type": "string"}}, "required": ["zip"]},
+        "tags": {"type": "array", "items": {"enum": ["red", "blue"]}},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path: Path) -> Any:
+    return AutoTokenizer.from_pretrained(default_model_path)
+
+
+@pytest.fixture(scope="module")
+def compiler(tokenizer: Any) -> GrammarCompiler:
+    return GrammarCompiler(tokenizer, eos_token_ids=[tokenizer.eos_token_id])
+
+
+def _walk(compiler: GrammarCompiler, tokenizer: Any, text: str) -> tuple[bool, bool]:
+    """Feed ``text``'s tokens through the mask: (every token allowed, grammar complete)."""
+    matcher = compiler.matcher(OutputConstraint.json_schema(SCHEMA))
+    bitmask = allocate_bitmask(1, compiler.vocab_size)
+    for token in tokenizer.encode(text, add_special_tokens=False):
+        matcher.fill_bitmask(bitmask, 0)
+        logits = torch.zeros(1, compiler.vocab_size)
+        apply_bitmask(logits, bitmask, [0])
+        if logits[0, token] == float("-inf") or not matcher.accept(token):
+            return False, False
+    matcher.fill_bitmask(bitmask, 0)
+    logits = torch.zeros(1, compiler.vocab_size)
+    apply_bitmask(logits, bitmask, [0])
+    can_end = logits[0, tokenizer.eos_token_id] != float("-inf")
+    return True, can_end
+
+
+def test_valid_output_is_allowed_token_by_token(compiler: GrammarCompiler, tokenizer: Any) -> None:
+    valid = {"name": "Ann", "age": 31, "city": {"zip": "75001"}, "tags": ["red", "blue"]}
+    assert _walk(compiler, tokenizer, json.dumps(valid, separators=(",", ":"))) == (True, True)
+    # A prefix is allowed but cannot end there.
+    assert _walk(compiler, tokenizer, '{"name":"Ann","age":3') == (True, False)
+
+
+@pytest.mark.parametrize(
+    "invalid",
+    [
+        '{"name":"Ann","city":{"zip":"1"}}',  # "age" is required
+        '{"name":"Ann","age":"31","city":{"zip":"1"}}',  # age is an integer
+        '{"name":"Ann","age":1,"city":{"zip":"1"},"tags":["green"]}',  # not in the enum
+        '{"name":"Ann","age":1,"city":{"zip":"1"},"extra":1}',  # no other properties
+        'Sure! {"name":"Ann"}',  # nothing before the object
+    ],
+)
+def test_invalid_output_is_masked(compiler: GrammarCompiler, tokenizer: Any, invalid: str) -> None:
+    assert _walk(compiler, tokenizer, invalid) != (True, True)
+
+
+def test_schemas_compile_once_and_bad_ones_are_named(compiler: GrammarCompiler) -> None:
+    first = compiler.grammar(OutputConstraint.json_schema(SCHEMA))
+    # The same schema again (another request) is the cached grammar.
+    assert compiler.grammar(OutputConstraint.json_schema(json.loads(json.dumps(SCHEMA)))) is first
+    with pytest.raises(GrammarError, match="cannot be compiled"):
+        compiler.grammar(OutputConstraint.json_schema({"type": "object", "minProperties": "x"}))
+
+
+def test_the_mask_touches_its_rows_only(compiler: GrammarCompiler) -> None:
+    matcher = compiler.matcher(OutputConstraint.json_object())
+    bitmask = allocate_bitmask(1, compiler.vocab_size)
+    matcher.fill_bitmask(bitmask, 0)
+    logits = torch.randn(3, compiler.vocab_size)
+    before = logits.clone()
+    apply_bitmask(logits, bitmask, [1])
+    assert torch.equal(logits[0], before[0]) and torch.equal(logits[2], before[2])
+    allowed = logits[1] != float("-inf")
+    assert 0 < int(allowed.sum()) < compiler.vocab_size // 10  # an object starts with "{"
+    assert torch.equal(logits[1][allowed], before[1][allowed])
+    # A fork follows its own path.
+    fork = matcher.fork()
+    assert not fork.is_finished
