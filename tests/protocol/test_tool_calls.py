@@ -1,0 +1,99 @@
+"""Tool calls' text side: the fallback for templates without tools, the schema that constrains
+a required or named call, and calls parsed out of the model's text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import pytest
+from transformers import AutoTokenizer
+
+from server.common.tool_calls import (
+    TOOL_CALL_OPEN,
+    call_schema,
+    fallback_conversation,
+    parse_tool_calls,
+)
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["C", "F"]}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+
+
+def test_the_fallback_teaches_a_template_without_tools(default_model_path: Path) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    conversation: list[dict[str, Any]] = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp": 21}'},
+    ]
+    plain = tokenizer.apply_chat_template(conversation[:1], tokenize=False)
+    # SmolLM2's template ignores tools: that is what the fallback is for.
+    assert tokenizer.apply_chat_template(conversation[:1], tools=[WEATHER], tokenize=False) == plain
+    text = tokenizer.apply_chat_template(
+        fallback_conversation(conversation, [WEATHER]), tokenize=False
+    )
+    assert '"name": "get_weather"' in text and TOOL_CALL_OPEN in text
+    assert '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>' in text
+    assert '<tool_response>{"temp": 21}</tool_response>' in text
+    assert text.count("<|im_start|>system") == 1  # the tools join the system turn
+
+
+def test_the_call_schema_accepts_calls_and_nothing_else() -> None:
+    any_call = call_schema([WEATHER, TIME])
+    jsonschema.validate({"name": "get_time", "arguments": {}}, any_call)
+    jsonschema.validate({"name": "get_weather", "arguments": {"city": "Oslo"}}, any_call)
+    named = call_schema([WEATHER, TIME], "get_weather")
+    for bad in (
+        {"name": "get_time", "arguments": {}},  # another function
+        {"name": "get_weather", "arguments": {}},  # "city" is required
+        {"name": "get_weather", "arguments": {"city": "Oslo", "unit": "K"}},
+        {"name": "get_weather"},
+    ):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, named)
+    with pytest.raises(ValueError, match="not among the tools"):
+        call_schema([WEATHER], "nope")
+
+
+def test_calls_are_parsed_out_of_the_text() -> None:
+    text = (
+        'Let me check. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}'
+        '</tool_call><tool_call>{"name": "get_time", "arguments": {}}</tool_call>'
+    )
+    content, calls = parse_tool_calls(text)
+    assert content == "Let me check."
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Paris"}),
+        ("get_time", {}),
+    ]
+    assert all(c.id.startswith("call_") for c in calls) and calls[0].id != calls[1].id
+    # Not JSON, or no call at all: the text stays text.
+    assert parse_tool_calls("<tool_call>oops</tool_call>") == ("<tool_call>oops</tool_call>", [])
+    assert parse_tool_calls("It is sunny.") == ("It is sunny.", [])
+    # Constrained output is one call object, no tags.
+    content, calls = parse_tool_calls('{"name": "get_time", "arguments": {}}', is_constrained=True)
+    assert content is None and calls[0].name == "get_time"
