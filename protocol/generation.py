@@ -6,6 +6,8 @@ transformers means the same thing here.
 
 from __future__ import annotations
 
+import math
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -16,6 +18,48 @@ MAX_STOP_STRINGS = 16
 #: Below this temperature, sampling is greedy decoding (as in vLLM): dividing logits by a
 #: vanishing temperature overflows them to inf/NaN and samples garbage, or nothing.
 MIN_SAMPLING_TEMPERATURE = 1e-5
+#: OpenAI's bounds of a ``logit_bias`` value: -100 bans a token in practice, +100 forces it.
+MAX_LOGIT_BIAS = 100.0
+#: A ``logit_bias`` key: a token id, written in decimal (JSON object keys are strings).
+_TOKEN_ID_KEY = re.compile(r"[0-9]+")
+
+#: The knobs that change a greedy argmax and that beam search does not take (see
+#: ``GenerationConfig``), each with its "unused" value.
+ADDITIVE_KNOBS: dict[str, object] = {
+    "presence_penalty": 0.0,
+    "frequency_penalty": 0.0,
+    "logit_bias": {},
+}
+
+
+def parse_logit_bias(value: Any) -> Any:
+    """``logit_bias`` as ``{token id: bias}``, from OpenAI's JSON form ``{"50256": -100}``.
+
+    Keys must be token ids (non-negative integers, or strings of decimal digits as JSON
+    carries them) and values numbers in ``[-100, 100]``; a ``ValueError`` names the first
+    bad entry. Whether an id is in the model's vocabulary is checked by the server, which
+    knows the vocabulary. Anything that is not a mapping is left to pydantic's type check.
+    """
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        return value
+    parsed: dict[int, float] = {}
+    for key, bias in value.items():
+        if isinstance(key, bool) or not (
+            (isinstance(key, int) and key >= 0)
+            or (isinstance(key, str) and _TOKEN_ID_KEY.fullmatch(key))
+        ):
+            raise ValueError(f"key {key!r} is not a token id (a non-negative integer)")
+        if isinstance(bias, bool) or not isinstance(bias, int | float):
+            raise ValueError(f"the bias of token {key} must be a number, got {bias!r}")
+        if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+            raise ValueError(
+                f"the bias of token {key} is {bias!r}; it must be between "
+                f"{-MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}"
+            )
+        parsed[int(key)] = float(bias)
+    return parsed
 
 
 class GenerationConfig(BaseModel):
@@ -24,6 +68,17 @@ class GenerationConfig(BaseModel):
     ``max_new_tokens`` left unset means "as many as the server's default allows".
     A ``temperature`` below ``MIN_SAMPLING_TEMPERATURE`` (0 included) with ``do_sample`` is
     treated as greedy decoding, as OpenAI and vLLM do.
+
+    Beside Hugging Face's knobs, OpenAI's and vLLM's, with their definitions (token counts are
+    of the generated tokens only, never the prompt's):
+
+    - ``logit_bias`` ``{token id: b}``: ``logits[t] += b``, on the raw logits, first;
+    - ``frequency_penalty`` f and ``presence_penalty`` p (-2..2): ``logits[t] -= f *
+      count(t) + p * (count(t) > 0)``, before the temperature;
+    - ``min_p`` (0..1, sampling only): after the temperature, tokens whose probability is
+      below ``min_p`` times the likeliest token's are dropped.
+
+    The bias and the penalties change the greedy choice too; beam search refuses them.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -36,6 +91,12 @@ class GenerationConfig(BaseModel):
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     typical_p: float = Field(default=1.0, gt=0.0, le=1.0)
     repetition_penalty: float = Field(default=1.0, gt=0.0)
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="0 disables min-p filtering")
+    logit_bias: dict[int, float] = Field(
+        default_factory=dict, description="token id -> bias added to its logit (-100..100)"
+    )
     num_beams: int = Field(default=1, ge=1, le=64)
     num_return_sequences: int = Field(default=1, ge=1, le=64)
     length_penalty: float = 1.0
@@ -53,6 +114,11 @@ class GenerationConfig(BaseModel):
         if isinstance(value, str):
             return [value]
         return value
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _parse_logit_bias(cls, value: Any) -> Any:
+        return parse_logit_bias(value)
 
     @field_validator("stop")
     @classmethod
@@ -76,6 +142,10 @@ class GenerationConfig(BaseModel):
         if self.num_beams > 1:
             if self.do_sample:
                 raise ValueError("beam search with do_sample (beam sampling) is not supported")
+            # Beam scores are log-probs; additive logit knobs have no agreed meaning there.
+            for name, unused in ADDITIVE_KNOBS.items():
+                if getattr(self, name) != unused:
+                    raise ValueError(f"'{name}' is not supported with beam search")
             if self.num_return_sequences > self.num_beams:
                 raise ValueError(
                     f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams "

@@ -1,8 +1,10 @@
 """OpenAI-compatible API models: completions, chat completions, stream chunks, model list.
 
 Requests accept the fields the official ``openai`` SDK sends and the common extras of
-vLLM's server (``top_k``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``,
-``use_beam_search``, ``best_of``...). Fields we cannot honour are refused with a clear
+vLLM's server (``top_k``, ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``,
+``use_beam_search``, ``best_of``...). ``presence_penalty``, ``frequency_penalty``,
+``logit_bias`` and ``min_p`` keep OpenAI's and vLLM's definitions (see
+``protocol.generation.GenerationConfig``). Fields we cannot honour are refused with a clear
 message rather than silently ignored.
 """
 
@@ -11,7 +13,14 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from protocol.generation import (
     MIN_SAMPLING_TEMPERATURE,
@@ -19,6 +28,7 @@ from protocol.generation import (
     GenerateRequest,
     GenerationConfig,
     Usage,
+    parse_logit_bias,
 )
 
 OpenAIFinishReason = Literal["stop", "length", "abort"]
@@ -47,7 +57,8 @@ class _SamplingFields(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    # JSON keys are strings ("50256"); parsed to token ids, values checked against -100..100.
+    logit_bias: dict[int, float] | None = None
     user: str | None = None
     # vLLM-style extras.
     top_k: int | None = Field(default=None, ge=-1)
@@ -62,15 +73,13 @@ class _SamplingFields(BaseModel):
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
 
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _parse_logit_bias(cls, value: Any) -> Any:
+        return None if value is None else parse_logit_bias(value)
+
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> _SamplingFields:
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name):
-                raise ValueError(f"'{name}' is not supported; use 'repetition_penalty'")
-        if self.logit_bias:
-            raise ValueError("'logit_bias' is not supported")
-        if self.min_p:
-            raise ValueError("'min_p' is not supported; use 'top_p' or 'top_k'")
         if self.best_of is not None and self.best_of > self.n and not self.use_beam_search:
             raise ValueError("'best_of' > 'n' is only supported with 'use_beam_search'")
         return self
@@ -97,6 +106,10 @@ class _SamplingFields(BaseModel):
             top_p=1.0 if self.top_p is None else self.top_p,
             typical_p=1.0 if self.typical_p is None else self.typical_p,
             repetition_penalty=self.repetition_penalty or 1.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            min_p=self.min_p or 0.0,
+            logit_bias=self.logit_bias or {},
             num_beams=num_beams,
             num_return_sequences=self.n,
             length_penalty=self.length_penalty,

@@ -45,8 +45,8 @@ class PromptProcessor:
         return list(self.tokenizer.encode(prompt, add_special_tokens=not is_chat))
 
     def check_token_ids(self, token_ids: list[int], field: str = "prompt") -> list[int]:
-        """Validate token ids a request gives (a prompt, stop tokens): each must be in the
-        vocabulary, or the engine would index past its logits."""
+        """Validate token ids a request gives (a prompt, stop tokens, ``logit_bias`` keys):
+        each must be in the vocabulary, or the engine would index past its logits."""
         vocab_size = len(self.tokenizer)
         bad = [t for t in token_ids if not 0 <= t < vocab_size]
         if bad:

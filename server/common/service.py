@@ -127,6 +127,7 @@ class GenerationService:
         only prompts of different lengths without a limit get a copy each.
         """
         self.prompts.check_token_ids(config.stop_token_ids, "stop_token_ids")
+        self.prompts.check_token_ids(list(config.logit_bias), "logit_bias")
         limits = [self.prompts.max_new_tokens_for(len(ids), config) for ids in prompts]
         if len(set(limits)) == 1:
             config.max_new_tokens = limits[0]

@@ -29,11 +29,19 @@ class RowParams:
     top_p: float = 1.0
     typical_p: float = 1.0
     repetition_penalty: float = 1.0
+    # OpenAI's additive knobs (see server.common.logit_knobs for definitions and order).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_p: float = 0.0  # 0 disables min-p
+    logit_bias: dict[int, float] = field(default_factory=dict)
     generator: torch.Generator | None = None  # None draws from the global RNG
     # Ids scored -inf this step, e.g. EOS + stop ids while min_new_tokens is not reached.
     banned_token_ids: list[int] = field(default_factory=list)
-    # Prompt + generated ids; HF penalises over input_ids, which includes the prompt.
+    # Prompt + generated ids. HF's repetition penalty covers them all (input_ids holds the
+    # prompt); the presence and frequency penalties only the generated ones, from
+    # num_prompt_tokens on.
     penalty_token_ids: list[int] | None = None
+    num_prompt_tokens: int = 0
 
     @classmethod
     def from_generation_config(
@@ -43,8 +51,18 @@ class RowParams:
         generator: torch.Generator | None = None,
         banned_token_ids: list[int] | None = None,
         penalty_token_ids: list[int] | None = None,
+        num_prompt_tokens: int = 0,
     ) -> RowParams:
-        """Row parameters for a request's sequence (beam rows are built with ``is_greedy``)."""
+        """Row parameters for a request's sequence (beam rows are built with ``is_greedy``).
+
+        ``penalty_token_ids`` (the sequence's live token list, whose first
+        ``num_prompt_tokens`` are the prompt) is kept only when a penalty reads it.
+        """
+        uses_token_ids = (
+            config.repetition_penalty != 1.0
+            or config.presence_penalty != 0.0
+            or config.frequency_penalty != 0.0
+        )
         return cls(
             is_greedy=not config.do_sample or config.is_beam_search,
             temperature=config.temperature,
@@ -52,9 +70,14 @@ class RowParams:
             top_p=config.top_p,
             typical_p=config.typical_p,
             repetition_penalty=config.repetition_penalty,
+            presence_penalty=config.presence_penalty,
+            frequency_penalty=config.frequency_penalty,
+            min_p=config.min_p,
+            logit_bias=config.logit_bias,
             generator=generator,
             banned_token_ids=list(banned_token_ids or []),
-            penalty_token_ids=penalty_token_ids if config.repetition_penalty != 1.0 else None,
+            penalty_token_ids=penalty_token_ids if uses_token_ids else None,
+            num_prompt_tokens=num_prompt_tokens,
         )
 
     @property
@@ -66,3 +89,25 @@ class RowParams:
     def penalised(self) -> bool:
         """True when the repetition penalty changes this row's scores."""
         return self.repetition_penalty != 1.0 and bool(self.penalty_token_ids)
+
+    @property
+    def output_penalised(self) -> bool:
+        """True when the presence or frequency penalty changes this row's scores: it has one,
+        and has generated tokens for it to count."""
+        return (
+            (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
+            and self.penalty_token_ids is not None
+            and len(self.penalty_token_ids) > self.num_prompt_tokens
+        )
+
+    @property
+    def processes_logits(self) -> bool:
+        """True when something changes this row's scores before its argmax (the greedy
+        choice), i.e. when the sampler cannot take the raw logits' argmax."""
+        return (
+            self.samples
+            or self.penalised
+            or self.output_penalised
+            or bool(self.banned_token_ids)
+            or bool(self.logit_bias)
+        )

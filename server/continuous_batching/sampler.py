@@ -1,10 +1,13 @@
 """Next-token selection for a heterogeneous batch: greedy and sampled rows side by side.
 
 One :func:`sample` call per engine step covers every row that needs a token, each row with its
-own :class:`RowParams`. Processing follows ``GenerationMixin._get_logits_processor`` in
-transformers 5: repetition penalty, banned ids (``min_new_tokens``), then, for sampled rows
-only, temperature, top-k, top-p and typical-p; greedy rows take the argmax of the processed
-scores, sampled rows draw from their softmax.
+own :class:`RowParams`. Processing follows vLLM's sampler (``vllm/v1/sample/sampler.py``) for
+OpenAI's knobs and ``GenerationMixin._get_logits_processor`` in transformers 5 for Hugging
+Face's: ``logit_bias``, repetition penalty, frequency and presence penalties (on generated
+tokens only), banned ids (``min_new_tokens``); then, for sampled rows only, temperature,
+``min_p``, top-k, top-p and typical-p (definitions in :mod:`server.common.logit_knobs`).
+Greedy rows take the argmax of the processed scores, sampled rows draw from their softmax. A
+row that uses none of OpenAI's knobs gets exactly transformers' processing.
 
 Every transform runs once over all the rows that use it (a masked sub-batch) and is skipped when
 no row does, so an all-greedy batch without penalties costs a single ``argmax``.
@@ -30,6 +33,12 @@ from collections.abc import Callable
 
 import torch
 
+from server.common.logit_knobs import (
+    apply_additive_penalties,
+    apply_logit_bias,
+    apply_min_p,
+    output_token_counts,
+)
 from server.continuous_batching.beam_search import BeamCandidate
 from server.continuous_batching.logits_processing import (
     apply_banned_tokens,
@@ -83,19 +92,55 @@ def _apply_to_rows(
     return scores
 
 
+def _padded_ids(ids: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
+    """``[r, L]`` long of each row's ids, right-padded with ``vocab_size`` (ids past the
+    vocabulary clamped to it, so that they land in the column the ops drop)."""
+    padded = torch.full((len(ids), max(len(x) for x in ids)), vocab_size, dtype=torch.long)
+    for j, x in enumerate(ids):
+        padded[j, : len(x)] = torch.tensor(x, dtype=torch.long).clamp_(max=vocab_size)
+    return host_to_device(padded, device)
+
+
+def _add_logit_bias(scores: torch.Tensor, rows: list[RowParams]) -> None:
+    """OpenAI's ``logit_bias`` of every row that has one, in one indexed add (in place)."""
+    biased = [i for i, row in enumerate(rows) if row.logit_bias]
+    if not biased:
+        return
+    device = scores.device
+    row_index = [i for i in biased for _ in rows[i].logit_bias]
+    token_index = [t for i in biased for t in rows[i].logit_bias]
+    bias = [b for i in biased for b in rows[i].logit_bias.values()]
+    apply_logit_bias(
+        scores,
+        _index(row_index, device),
+        _index(token_index, device),
+        to_device(bias, torch.float32, device),
+    )
+
+
 def _processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
-    """Repetition penalty and banned ids: the processors HF applies to every strategy."""
+    """What changes every strategy's choice, in vLLM's order: ``logit_bias``, the repetition
+    penalty (HF's), the frequency and presence penalties, then the banned ids."""
     device, vocab_size = scores.device, scores.shape[-1]
+    _add_logit_bias(scores, rows)
     penalised = [i for i, row in enumerate(rows) if row.penalised]
     if penalised:
-        ids = [rows[i].penalty_token_ids or [] for i in penalised]
-        padded = torch.full((len(ids), max(len(x) for x in ids)), vocab_size, dtype=torch.long)
-        for j, x in enumerate(ids):
-            padded[j, : len(x)] = torch.tensor(x, dtype=torch.long).clamp_(max=vocab_size)
-        padded = host_to_device(padded, device)
+        padded = _padded_ids(
+            [rows[i].penalty_token_ids or [] for i in penalised], vocab_size, device
+        )
         penalty = _column([rows[i].repetition_penalty for i in penalised], device)
         scores = _apply_to_rows(
             scores, penalised, lambda s: apply_repetition_penalty(s, padded, penalty)
+        )
+    counted = [i for i, row in enumerate(rows) if row.output_penalised]
+    if counted:
+        # The generated tokens only: the slice past the prompt of the live token list.
+        outputs = [(rows[i].penalty_token_ids or [])[rows[i].num_prompt_tokens :] for i in counted]
+        counts = output_token_counts(_padded_ids(outputs, vocab_size, device), vocab_size)
+        frequency = _column([rows[i].frequency_penalty for i in counted], device)
+        presence = _column([rows[i].presence_penalty for i in counted], device)
+        scores = _apply_to_rows(
+            scores, counted, lambda s: apply_additive_penalties(s, counts, frequency, presence)
         )
     banned_rows = [i for i, row in enumerate(rows) for _ in row.banned_token_ids]
     if banned_rows:
@@ -105,7 +150,8 @@ def _processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
 
 
 def _warpers(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
-    """Temperature, top-k, top-p and typical-p, each over the sampled rows that use it."""
+    """Temperature, min-p (vLLM's place for it), top-k, top-p and typical-p, each over the
+    sampled rows that use it."""
     device, vocab_size = scores.device, scores.shape[-1]
     sampled = [i for i, row in enumerate(rows) if row.samples]
 
@@ -113,6 +159,11 @@ def _warpers(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     if hot:
         temperature = _column([rows[i].temperature for i in hot], device)
         scores = _apply_to_rows(scores, hot, lambda s: apply_temperature(s, temperature))
+
+    min_p = [i for i in sampled if rows[i].min_p > 0.0]
+    if min_p:
+        fraction = _column([rows[i].min_p for i in min_p], device)
+        scores = _apply_to_rows(scores, min_p, lambda s: apply_min_p(s, fraction))
 
     top_k = [i for i in sampled if rows[i].top_k > 0]
     if top_k:
@@ -134,8 +185,9 @@ def _warpers(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
 def process_logits(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     """The scores each row's next token is chosen from: ``[R, V]`` float32, a new tensor.
 
-    Greedy rows get the processors only (HF ignores warpers without ``do_sample``); sampled
-    rows also get the warpers. Rows a transform does not apply to are left bit-for-bit intact.
+    Greedy rows get the processors only (HF ignores warpers without ``do_sample``, vLLM takes
+    a greedy row's argmax before its temperature); sampled rows also get the warpers. Rows a
+    transform does not apply to are left bit-for-bit intact.
     """
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
@@ -175,7 +227,7 @@ def _exponential_noise(
 
 def sample(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     """Next token ids ``[R]`` (long) for logits ``[R, V]``, each row by its own parameters."""
-    if not any(row.samples or row.penalised or row.banned_token_ids for row in rows):
+    if not any(row.processes_logits for row in rows):
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
         return logits.argmax(dim=-1)

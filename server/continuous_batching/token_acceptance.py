@@ -40,8 +40,9 @@ def row_params_for(group: SequenceGroup, seq: Sequence) -> RowParams:
             group.config,
             generator=group.generator,
             banned_token_ids=None if is_min_reached else group.stop_token_ids,
-            # The live token list: the penalty follows the sequence as it grows.
+            # The live token list: the penalties follow the sequence as it grows.
             penalty_token_ids=seq.token_ids,
+            num_prompt_tokens=seq.num_prompt_tokens,
         )
     elif row.banned_token_ids and is_min_reached:
         row.banned_token_ids = []  # min_new_tokens reached: stop ids are allowed from now on

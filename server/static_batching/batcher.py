@@ -3,8 +3,9 @@
 A package is one call of transformers ``generate``. Rules:
 
 * only requests with the same packing key share a package (the key holds what ``generate``
-  applies to the whole batch; per-row settings such as ``max_new_tokens`` stay out of it for
-  greedy and sampling, which the worker handles row by row);
+  applies to the whole batch; per-row settings such as ``max_new_tokens``, ``logit_bias`` and
+  the presence and frequency penalties stay out of it for greedy and sampling, which the
+  worker handles row by row);
 * a package holds at most ``package_max_workload`` beams;
 * the package of the oldest waiting request runs next (first come, first served), and that
   request waits at most ``packaging_interval_seconds`` after its arrival for company, so no
@@ -61,6 +62,7 @@ def packing_key(request: SequenceRequest) -> PackingKey:
             config.top_k,
             config.top_p,
             config.typical_p,
+            config.min_p,
             config.repetition_penalty,
         )
     # Greedy ignores the sampling knobs, so requests differing only in those still pack together.

@@ -8,6 +8,14 @@ because transformers calls the criteria before ``streamer.put``: a stop string f
 streamer could only end its row one (wasted, miscounted) token later.
 
 Beam search cannot stream in transformers, so beam packages answer once, at the end.
+
+OpenAI's knobs (``logit_bias``, ``presence_penalty``, ``frequency_penalty``, ``min_p``) are
+applied with the CB engine's definitions (:mod:`server.common.logit_knobs`) in vLLM's order.
+transformers runs the processors a caller passes after its own processors and before its
+warpers, which would put the bias after the repetition penalty and ``min_p`` after top-p; so a
+package that uses the knobs gets its whole chain from the worker (transformers' own processor
+and warper classes for Hugging Face's knobs), in that order. A package that uses none runs
+exactly as before.
 """
 
 from __future__ import annotations
@@ -24,10 +32,23 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+    TypicalLogitsWarper,
+)
 
 from protocol.generation import FinishReason, GenerationConfig
 from server.common.backend import TextDelta
 from server.common.detokenizer import IncrementalDetokenizer
+from server.common.logit_knobs import (
+    apply_additive_penalties,
+    apply_logit_bias,
+    output_token_counts,
+)
 from server.static_batching.batcher import Package, RequestState
 from utils.errors import APIError
 
@@ -157,6 +178,65 @@ class _MinNewTokensProcessor(LogitsProcessor):
         return scores
 
 
+class _LogitBiasProcessor(LogitsProcessor):
+    """Each row's ``logit_bias`` (rows without one are left as they are)."""
+
+    def __init__(self, rows: list[_Row], device: torch.device) -> None:
+        pairs = [
+            (i, token, bias)
+            for i, row in enumerate(rows)
+            for token, bias in row.config.logit_bias.items()
+        ]
+        # Built once: the biases do not change while the package runs.
+        self.row_index = torch.tensor([i for i, _, _ in pairs], dtype=torch.long, device=device)
+        self.token_index = torch.tensor([t for _, t, _ in pairs], dtype=torch.long, device=device)
+        self.bias = torch.tensor([b for _, _, b in pairs], dtype=torch.float32, device=device)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        return apply_logit_bias(scores, self.row_index, self.token_index, self.bias)
+
+
+class _AdditivePenaltiesProcessor(LogitsProcessor):
+    """Each row's frequency and presence penalties over its generated tokens: the columns of
+    ``input_ids`` past the (left-padded) prompts, ``prompt_width`` of them."""
+
+    def __init__(self, rows: list[_Row], prompt_width: int, device: torch.device) -> None:
+        self.prompt_width = prompt_width
+        penalised = [
+            i
+            for i, row in enumerate(rows)
+            if row.config.presence_penalty != 0.0 or row.config.frequency_penalty != 0.0
+        ]
+        self.rows = torch.tensor(penalised, dtype=torch.long, device=device)
+        self.frequency = torch.tensor(
+            [[rows[i].config.frequency_penalty] for i in penalised], device=device
+        )
+        self.presence = torch.tensor(
+            [[rows[i].config.presence_penalty] for i in penalised], device=device
+        )
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        generated = input_ids[self.rows, self.prompt_width :]
+        if generated.shape[1] == 0:
+            return scores  # nothing generated yet: nothing to count
+        counts = output_token_counts(generated, scores.shape[-1])
+        scores[self.rows] = apply_additive_penalties(
+            scores[self.rows], counts, self.frequency, self.presence
+        )
+        return scores
+
+
+def _uses_logit_knobs(rows: list[_Row]) -> bool:
+    """True when a row of the package uses one of OpenAI's knobs (min-p only if it samples)."""
+    return any(
+        row.config.logit_bias
+        or row.config.presence_penalty != 0.0
+        or row.config.frequency_penalty != 0.0
+        or (row.config.do_sample and row.config.min_p > 0.0)
+        for row in rows
+    )
+
+
 class _AbortCriteria(StoppingCriteria):
     """Ends a beam-search package as soon as all its requests are aborted."""
 
@@ -220,30 +300,44 @@ class SBWorker:
                 rows.append(_Row(state, index, detokenizer, self.end_token_ids(config)))
                 prompts.append(state.request.prompt_token_ids)
         config = package.states[0].request.config
-        sampling: dict[str, Any] = {}
+        input_ids, attention_mask = self._inputs(prompts)
+        # The package key holds the warpers' and the repetition penalty's values: one config.
+        sampling: dict[str, Any] = {"repetition_penalty": config.repetition_penalty}
         if config.do_sample:
-            sampling = {
-                "temperature": config.temperature,
-                "top_k": config.top_k,
-                "top_p": config.top_p,
-                "typical_p": config.typical_p,
-            }
+            sampling.update(
+                temperature=config.temperature,
+                top_k=config.top_k,
+                top_p=config.top_p,
+                typical_p=config.typical_p,
+            )
+        processors = LogitsProcessorList()
+        if _uses_logit_knobs(rows):
+            # The worker's own chain, in vLLM's order (see the module docstring); transformers
+            # is told to add nothing of its own (neutral values, set explicitly so that the
+            # model's generation config does not fill them in).
+            processors.extend(self._knob_processors(rows, config, input_ids.shape[1], sampling))
+            sampling = {"repetition_penalty": 1.0}
+            if config.do_sample:
+                sampling.update(temperature=1.0, top_k=0, top_p=1.0, typical_p=1.0)
+        if any(row.config.min_new_tokens > 0 and row.end_token_ids for row in rows):
+            # After the penalties, before the warpers: where transformers puts a caller's
+            # processors, and where the chain above leaves room for it.
+            index = next(
+                (i for i, p in enumerate(processors) if isinstance(p, TemperatureLogitsWarper)),
+                len(processors),
+            )
+            processors.insert(index, _MinNewTokensProcessor(rows))
         generation_config = HFGenerationConfig(
             max_new_tokens=max(row.config.max_new_tokens or 1 for row in rows),
             do_sample=config.do_sample,
-            repetition_penalty=config.repetition_penalty,
             pad_token_id=self.loaded.pad_token_id,
             # Ends of rows are decided per row by the tracker, never for the whole batch.
             eos_token_id=None,
             **sampling,
         )
         tracker = _RowTracker(rows, done)
-        processors = LogitsProcessorList()
-        if any(row.config.min_new_tokens > 0 and row.end_token_ids for row in rows):
-            processors.append(_MinNewTokensProcessor(rows))
         if config.seed is not None:
             torch.manual_seed(config.seed)  # seeded requests run alone: reproducible
-        input_ids, attention_mask = self._inputs(prompts)
         self.loaded.model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
@@ -252,6 +346,39 @@ class SBWorker:
             stopping_criteria=StoppingCriteriaList([tracker]),
         )
         tracker.finish_open_rows()
+
+    def _knob_processors(
+        self,
+        rows: list[_Row],
+        config: GenerationConfig,
+        prompt_width: int,
+        sampling: dict[str, Any],
+    ) -> list[LogitsProcessor]:
+        """The package's processing chain when it uses OpenAI's knobs, in vLLM's order:
+        ``logit_bias``, repetition penalty, frequency and presence penalties, then (sampling)
+        temperature, min-p, top-k, top-p, typical-p. ``sampling`` holds the package's values
+        of Hugging Face's knobs."""
+        device = self.loaded.device
+        chain: list[LogitsProcessor] = []
+        if any(row.config.logit_bias for row in rows):
+            chain.append(_LogitBiasProcessor(rows, device))
+        if sampling["repetition_penalty"] != 1.0:
+            chain.append(RepetitionPenaltyLogitsProcessor(sampling["repetition_penalty"]))
+        if any(row.config.presence_penalty or row.config.frequency_penalty for row in rows):
+            chain.append(_AdditivePenaltiesProcessor(rows, prompt_width, device))
+        if not config.do_sample:
+            return chain  # greedy: no warpers, as transformers and vLLM
+        if sampling["temperature"] != 1.0:
+            chain.append(TemperatureLogitsWarper(sampling["temperature"]))
+        if config.min_p > 0.0:
+            chain.append(MinPLogitsWarper(config.min_p))
+        if sampling["top_k"]:
+            chain.append(TopKLogitsWarper(sampling["top_k"]))
+        if sampling["top_p"] < 1.0:
+            chain.append(TopPLogitsWarper(sampling["top_p"]))
+        if sampling["typical_p"] < 1.0:
+            chain.append(TypicalLogitsWarper(sampling["typical_p"]))
+        return chain
 
     def _run_beam_search(self, package: Package, done: set[RequestState]) -> None:
         # Every request of a beam package has the same config (it is all in the packing key).

@@ -4,6 +4,8 @@ bf16 packing off below AVX-512, so an AVX-512 machine checks the AVX2 path and t
 too. Each level must give transformers' float32 greedy and beam tokens exactly in float32, and
 stay within the documented bfloat16 tolerance (README, "CPU paths"): at least 12 of the 16
 prompts give float32 transformers' 12 greedy tokens exactly (measured 13-14 at each level).
+OpenAI's knobs (``logit_bias``, presence and frequency penalties) give, at each level, the
+greedy tokens of transformers with a reference processor written from their definitions.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from server.continuous_batching.model_runner import ModelRunner
 from tests.engine.conftest import NUM_NEW, assert_no_leak, hf_generate, tokens_of
 from tests.support.cpu_paths import runnable_levels
 from tests.support.default_model import engine_config
+from tests.support.logit_knobs_reference import reference_greedy
 
 #: Documented bfloat16 tolerance: prompts (of 16) whose greedy tokens equal float32's.
 MIN_BF16_IDENTICAL = 12
@@ -99,4 +102,32 @@ def test_bfloat16_within_the_documented_tolerance(level, engine, prompts, hf_gre
         for deltas, expected in zip(results, hf_greedy, strict=True)
     )
     assert identical >= MIN_BF16_IDENTICAL, f"{identical} of {len(prompts)} at {level}"
+    assert_no_leak(eng)
+
+
+#: (prompt index, knobs) for the knob test: a chat row biased, a plain row penalised, one with
+#: every additive knob; a row without knobs rides along.
+KNOB_ROWS: list[tuple[int, dict[str, object]]] = [
+    (0, {"logit_bias": {7042: -5.0, 504: 1.5}}),
+    (12, {"frequency_penalty": 0.8, "presence_penalty": 0.3}),
+    (3, {"frequency_penalty": 1.2, "presence_penalty": -0.4, "logit_bias": {30: 2.0}}),
+    (5, {}),
+]
+
+
+@pytest.fixture(scope="module")
+def reference_knob_tokens(hf_model, prompts) -> list[list[int]]:
+    """transformers' greedy tokens for KNOB_ROWS (computed once for every level)."""
+    return [reference_greedy(hf_model, prompts[i], NUM_NEW, **knobs) for i, knobs in KNOB_ROWS]
+
+
+def test_float32_knobs_match_the_reference(level, engine, prompts, reference_knob_tokens) -> None:
+    eng = engine("float32")
+    configs = [
+        GenerationConfig(max_new_tokens=NUM_NEW, ignore_eos=True, **knobs)  # type: ignore[arg-type]
+        for _, knobs in KNOB_ROWS
+    ]
+    results = eng.generate([prompts[i] for i, _ in KNOB_ROWS], configs)
+    for deltas, expected in zip(results, reference_knob_tokens, strict=True):
+        assert tokens_of(deltas)[0] == expected, level
     assert_no_leak(eng)

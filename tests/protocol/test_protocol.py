@@ -111,9 +111,6 @@ def test_openai_beam_search_and_unsupported_fields() -> None:
     body = CompletionRequest(prompt="x", n=2, best_of=3, use_beam_search=True, temperature=0)
     config = body.to_generation_config()
     assert config.num_beams == 3 and config.num_return_sequences == 2
-    with pytest.raises(ValidationError, match="'presence_penalty' is not supported") as info:
-        CompletionRequest(prompt="x", presence_penalty=0.5)
-    assert "presence_penalty" in _error_text(info.value)
     with pytest.raises(ValidationError, match=r"'tools' \(function calling\) is not supported"):
         ChatCompletionRequest(
             messages=[{"role": "user", "content": "x"}],
@@ -126,3 +123,56 @@ def test_completion_prompt_forms() -> None:
     assert CompletionRequest(prompt=["a", "b"]).prompts() == ["a", "b"]
     assert CompletionRequest(prompt=[1, 2, 3]).prompts() == [[1, 2, 3]]
     assert CompletionRequest(prompt=[[1], [2, 3]]).prompts() == [[1], [2, 3]]
+
+
+def test_openai_knobs_map_to_the_native_names() -> None:
+    body = CompletionRequest.model_validate_json(
+        '{"prompt": "x", "presence_penalty": 0.5, "frequency_penalty": -1, "min_p": 0.05,'
+        ' "logit_bias": {"50256": -100, "7": 2.5}}'
+    )
+    config = body.to_generation_config()
+    assert (config.presence_penalty, config.frequency_penalty, config.min_p) == (0.5, -1.0, 0.05)
+    assert config.logit_bias == {50256: -100.0, 7: 2.5}
+    unset = CompletionRequest(prompt="x", presence_penalty=None, logit_bias=None)
+    assert unset.to_generation_config().logit_bias == {}
+    native = GenerationConfig.model_validate({"logit_bias": {"3": 1, 4: -2}, "min_p": 1})
+    assert native.logit_bias == {3: 1.0, 4: -2.0} and native.min_p == 1.0
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        ({"logit_bias": {"abc": 1}}, "logit_bias", "key 'abc' is not a token id"),
+        ({"logit_bias": {"-3": 1}}, "logit_bias", "key '-3' is not a token id"),
+        ({"logit_bias": {" 3": 1}}, "logit_bias", "key ' 3' is not a token id"),
+        ({"logit_bias": {"3": 100.5}}, "logit_bias", "between -100 and 100"),
+        ({"logit_bias": {"3": True}}, "logit_bias", "must be a number"),
+        ({"logit_bias": [3]}, "logit_bias", "Input should be a valid"),
+        ({"presence_penalty": 2.01}, "presence_penalty", "less than or equal to 2"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty", "greater than or equal to -2"),
+        ({"min_p": -0.1}, "min_p", "greater than or equal to 0"),
+    ],
+)
+def test_openai_knob_errors_name_the_field(fields: dict, param: str, words: str) -> None:
+    for model in (CompletionRequest, ChatCompletionRequest):
+        body = {"prompt": "x", "messages": [{"role": "user", "content": "x"}], **fields}
+        with pytest.raises(ValidationError) as info:
+            model.model_validate(body)
+        message, named = describe_validation_error(info.value)
+        assert named == param and words in message, message
+    with pytest.raises(ValidationError) as native:
+        GenerateRequest(prompt="x", generation_config=fields)
+    message, named = describe_validation_error(native.value)
+    assert named == f"generation_config.{param}" and words in message, message
+
+
+def test_beam_search_refuses_the_additive_knobs() -> None:
+    for name, value in [
+        ("presence_penalty", 0.5),
+        ("frequency_penalty", 1),
+        ("logit_bias", {1: 1}),
+    ]:
+        with pytest.raises(ValidationError, match=f"'{name}' is not supported with beam search"):
+            GenerationConfig(num_beams=2, **{name: value})
+    # min_p is a sampling knob: beam search ignores it, as it ignores top_p.
+    assert GenerationConfig(num_beams=2, min_p=0.5).is_beam_search

@@ -1,0 +1,101 @@
+"""OpenAI's and vLLM's sampling knobs as batched torch ops, shared by both model servers.
+
+The CB engine's sampler and the SB server's logits processors apply them with the same
+functions, so both servers give one meaning to each knob. Each function takes ``[r, V]``
+float32 scores of the rows that use the knob and per-row parameter tensors, on any device.
+
+The definitions are OpenAI's and vLLM's (``vllm/v1/sample/sampler.py``, ``Sampler``'s
+docstring, and ``apply_penalties`` in ``vllm/model_executor/layers/utils.py``), and so is the
+order in which the servers apply them to a row's float32 logits:
+
+1. ``logit_bias``: ``logits[t] += bias[t]`` (:func:`apply_logit_bias`);
+2. the penalties: the repetition penalty (Hugging Face's, over prompt and output, unchanged),
+   then ``logits[t] -= frequency_penalty * count[t]`` and ``logits[t] -= presence_penalty *
+   (count[t] > 0)``, where ``count[t]`` counts ``t`` among the generated tokens only, never
+   the prompt's (:func:`output_token_counts`, :func:`apply_additive_penalties`);
+3. the ``min_new_tokens`` ban; a greedy row takes its argmax here;
+4. sampled rows: the temperature, then ``min_p`` (:func:`apply_min_p`: tokens whose probability
+   after the temperature is below ``min_p`` times the likeliest token's are dropped), then
+   top-k, top-p and typical-p.
+
+Steps 1-2 change the argmax, so they apply to greedy rows too; ``min_p`` does not.
+"""
+
+from __future__ import annotations
+
+import torch
+
+FILTER_VALUE = -float("inf")
+
+__all__ = [
+    "apply_additive_penalties",
+    "apply_logit_bias",
+    "apply_min_p",
+    "output_token_counts",
+]
+
+
+def apply_logit_bias(
+    scores: torch.Tensor,
+    row_index: torch.Tensor,
+    token_index: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """Add ``bias[i]`` to ``scores[row_index[i], token_index[i]]`` (in place; returns
+    ``scores``). The (row, token) pairs are distinct: one bias per token of a row.
+
+    Args:
+        scores: ``[R, V]`` float32 scores (every row of the batch, not only the biased ones).
+        row_index, token_index: ``[n]`` long.
+        bias: ``[n]`` float32.
+    """
+    return scores.index_put_((row_index, token_index), bias, accumulate=True)
+
+
+def output_token_counts(token_ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """How often each token occurs in each row's generated tokens: ``[r, V]`` float32.
+
+    Args:
+        token_ids: ``[r, L]`` long, each row's generated ids right-padded with ``vocab_size``
+            (a column past the vocabulary, dropped from the result).
+        vocab_size: ``V``.
+
+    Cost: a zeroed ``[r, V + 1]`` tensor and one ``scatter_add`` per call, i.e. per step.
+    """
+    counts = torch.zeros(
+        (token_ids.shape[0], vocab_size + 1), dtype=torch.float32, device=token_ids.device
+    )
+    ones = torch.ones(token_ids.shape, dtype=torch.float32, device=token_ids.device)
+    return counts.scatter_add_(1, token_ids, ones)[:, :vocab_size]
+
+
+def apply_additive_penalties(
+    scores: torch.Tensor,
+    counts: torch.Tensor,
+    frequency_penalty: torch.Tensor,
+    presence_penalty: torch.Tensor,
+) -> torch.Tensor:
+    """OpenAI's frequency and presence penalties, as vLLM computes them: ``scores -
+    frequency * count - presence * (count > 0)``, the two subtractions in that order.
+
+    Args:
+        scores: ``[r, V]`` scores.
+        counts: ``[r, V]`` float32 counts of each token among a row's generated tokens.
+        frequency_penalty, presence_penalty: ``[r, 1]`` float32 (-2..2; negative values
+            favour repetition).
+    """
+    scores = scores - frequency_penalty * counts
+    return scores - presence_penalty * (counts > 0).to(scores.dtype)
+
+
+def apply_min_p(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Min-p filtering: drop the tokens whose probability is below ``min_p`` times the row's
+    highest probability (the likeliest token always survives).
+
+    Args:
+        scores: ``[r, V]`` scores, after the temperature.
+        min_p: ``[r, 1]`` float32 in ``[0, 1]``.
+    """
+    probs = torch.softmax(scores, dim=-1)
+    threshold = min_p * probs.amax(dim=-1, keepdim=True)
+    return scores.masked_fill(probs < threshold, FILTER_VALUE)
