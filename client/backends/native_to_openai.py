@@ -1,10 +1,11 @@
 """Native ``/generate`` requests answered by an OpenAI-compatible upstream (jumper fallback).
 
 A native request with ``messages`` becomes a chat completion, one with ``prompt`` a text
-completion; the answer (or each stream event) is turned back into the native shape. Requests
-that use what the OpenAI API lacks (beam search, top-k, typical-p, repetition penalty, minimum
-length, stop token ids, ignore-EOS) are never sent upstream: the answer would silently differ
-from what was asked.
+completion; the answer (or each stream event) is turned back into the native shape. The
+presence and frequency penalties and ``logit_bias`` go as they are (the OpenAI API has them, with
+the same meaning). Requests that use what the OpenAI API lacks (beam search, top-k, typical-p,
+min-p, repetition penalty, minimum length, stop token ids, ignore-EOS) are never sent upstream:
+the answer would silently differ from what was asked.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ _UPSTREAM_UNSUPPORTED: dict[str, object] = {
     "num_beams": 1,
     "top_k": 0,
     "typical_p": 1.0,
+    "min_p": 0.0,
     "repetition_penalty": 1.0,
     "min_new_tokens": 0,
     "stop_token_ids": [],
@@ -59,6 +61,13 @@ def to_openai(request: GenerateRequest, upstream_model: str | None) -> tuple[str
         body.update(temperature=config.temperature, top_p=config.top_p)
     else:
         body["temperature"] = 0.0  # greedy
+    if config.presence_penalty:
+        body["presence_penalty"] = config.presence_penalty
+    if config.frequency_penalty:
+        body["frequency_penalty"] = config.frequency_penalty
+    if config.logit_bias:
+        # OpenAI's keys are the token ids as strings (JSON object keys).
+        body["logit_bias"] = {str(token): bias for token, bias in config.logit_bias.items()}
     if config.num_return_sequences > 1:
         body["n"] = config.num_return_sequences
     if config.stop:

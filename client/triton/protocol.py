@@ -29,6 +29,13 @@ Decoding follows TensorRT-LLM's rules: ``beam_width > 1`` is beam search; otherw
 samples when ``top_k > 1`` or ``top_p > 0`` (``top_k`` and ``top_p`` both 0, their defaults, mean
 greedy, as does ``top_k == 1``) unless ``temperature`` is 0. ``temperature`` alone does not turn
 sampling on.
+
+``presence_penalty`` and ``frequency_penalty`` map to the native fields of the same names (the
+same -2..2 range), which count generated tokens only (OpenAI's and vLLM's definition).
+TensorRT-LLM's penalty kernel counts the prompt's tokens too unless its ``prompt_ignore_length``
+covers the prompt: a Triton caller served by our servers gets the OpenAI meaning, and a native
+request sent to a TensorRT-LLM server gets TensorRT-LLM's. The native ``logit_bias`` and
+``min_p`` have no ensemble input: a request that uses them is not sent to a Triton server.
 """
 
 from __future__ import annotations
@@ -124,8 +131,8 @@ class TritonGenerateRequest(BaseModel):
     length_penalty: float | None = None
     repetition_penalty: float | None = Field(default=None, gt=0.0)
     min_length: int | None = Field(default=None, ge=0)
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     random_seed: int | None = Field(default=None, ge=0, lt=2**63)
     beam_width: int | None = Field(default=None, ge=1, le=64)
     num_return_sequences: int | None = Field(default=None, ge=1, le=64)
@@ -184,13 +191,6 @@ class TritonGenerateRequest(BaseModel):
             raise ValueError("banning words is not supported by this server (send an empty list)")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _refuse_additive_penalties(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("only the multiplicative 'repetition_penalty' is supported")
-        return value
-
     @field_validator("return_log_probs", "return_context_logits", "return_generation_logits")
     @classmethod
     def _refuse_extra_outputs(cls, value: bool) -> bool:
@@ -201,6 +201,10 @@ class TritonGenerateRequest(BaseModel):
     @model_validator(mode="after")
     def _check_consistency(self) -> TritonGenerateRequest:
         # Errors name the Triton fields, so that the native config built later cannot fail.
+        if (self.beam_width or 1) > 1:
+            for name in ("presence_penalty", "frequency_penalty"):
+                if getattr(self, name):
+                    raise ValueError(f"'{name}' is not supported with beam search")
         if (
             self.max_tokens is not None
             and self.min_length is not None
@@ -249,6 +253,8 @@ class TritonGenerateRequest(BaseModel):
             # TensorRT-LLM's top_p 0 means "no nucleus filter", which is 1.0 in HF terms.
             top_p=(self.top_p or 1.0) if sampling else 1.0,
             repetition_penalty=self.repetition_penalty or 1.0,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
             num_beams=beams,
             num_return_sequences=self.num_returned,
             length_penalty=1.0 if self.length_penalty is None else self.length_penalty,
@@ -287,6 +293,8 @@ class TritonGenerateRequest(BaseModel):
         config = request.generation_config
         refused = {
             "typical_p": config.typical_p != 1.0,
+            "min_p": config.do_sample and config.min_p > 0.0,
+            "logit_bias": bool(config.logit_bias),
             "early_stopping": config.early_stopping is not False,
             "ignore_eos": config.ignore_eos,
             "stop_token_ids": bool(config.stop_token_ids),
@@ -310,6 +318,11 @@ class TritonGenerateRequest(BaseModel):
             fields["min_length"] = config.min_new_tokens
         if config.repetition_penalty != 1.0:
             fields["repetition_penalty"] = config.repetition_penalty
+        # The native range is the Triton field's: these cannot fail validation here.
+        if config.presence_penalty:
+            fields["presence_penalty"] = config.presence_penalty
+        if config.frequency_penalty:
+            fields["frequency_penalty"] = config.frequency_penalty
         if config.is_beam_search:
             fields["beam_width"] = config.num_beams
             fields["length_penalty"] = config.length_penalty

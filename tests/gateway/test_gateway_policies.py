@@ -375,6 +375,23 @@ def test_native_request_translation_and_unsupported_fields() -> None:
     assert answer["choices"] == [{"index": 0, "text": "Paris.", "finish_reason": "stop"}]
 
 
+def test_openai_knobs_go_upstream_and_min_p_does_not() -> None:
+    """OpenAI has the penalties and logit_bias (with our meaning); it lacks min_p."""
+    knobs = {"presence_penalty": 0.5, "frequency_penalty": -0.25, "logit_bias": {"42": -100}}
+    request = GenerateRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "generation_config": knobs}
+    )
+    assert upstream_unsupported_fields(request) == ()
+    path, body = to_openai(request, None)
+    assert path == "/v1/chat/completions"
+    sent = json.loads(body)
+    assert {name: sent[name] for name in knobs} == {**knobs, "logit_bias": {"42": -100.0}}
+    min_p = GenerateRequest.model_validate(
+        {"prompt": "hi", "generation_config": {"do_sample": True, "min_p": 0.1}}
+    )
+    assert upstream_unsupported_fields(min_p) == ("generation_config.min_p",)
+
+
 def test_stream_translation_survives_any_chunking() -> None:
     events = [
         {"id": "c", "choices": [{"index": 0, "delta": {"role": "assistant"}}]},

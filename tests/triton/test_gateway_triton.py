@@ -66,13 +66,17 @@ def test_triton_api_errors_and_ready_endpoints(sb_gateway: ServerThread) -> None
     for body, expected in [
         ({"text_input": "x", "max_tokens": 0}, "max_tokens"),
         ({"text_input": "x", "max_tokens": 4, "lora_task_id": 3}, "LoRA"),
-        ({"text_input": "x", "max_tokens": 4, "presence_penalty": 0.5}, "repetition_penalty"),
+        ({"text_input": "x", "max_tokens": 4, "presence_penalty": 2.5}, "presence_penalty"),
         ({"max_tokens": 4}, "text_input"),
     ]:
         response = http.post("/v2/models/ensemble/generate", json=body)
         assert response.status_code == 400, body
         error = response.json()["error"]
         assert isinstance(error, str) and expected in error, (body, error)
+    # TensorRT-LLM's additive penalties are served (as the native fields of those names).
+    penalised = {"text_input": "1 1 1 1", "max_tokens": 4, "presence_penalty": 0.5}
+    response = http.post("/v2/models/ensemble/generate", json=penalised, timeout=60)
+    assert response.status_code == 200, response.text
     response = http.post("/v2/models/nope/generate", json={"text_input": "x", "max_tokens": 4})
     assert response.status_code == 404 and "nope" in response.json()["error"]
     assert http.get("/v2/health/live").status_code == 200

@@ -122,8 +122,9 @@ def test_native_stream_only_on_generate_stream_with_stream_true() -> None:
 @pytest.mark.parametrize(
     ("body", "named"),
     [
-        ({"text_input": "x", "presence_penalty": 0.5}, "presence_penalty"),
-        ({"text_input": "x", "frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"text_input": "x", "presence_penalty": 2.5}, "presence_penalty"),
+        ({"text_input": "x", "frequency_penalty": -3}, "frequency_penalty"),
+        ({"text_input": "x", "beam_width": 2, "presence_penalty": 0.5}, "presence_penalty"),
         ({"text_input": "x", "bad_words": ["Paris"]}, "bad_words"),
         ({"text_input": "x", "return_log_probs": True}, "return_log_probs"),
         ({"text_input": "x", "return_generation_logits": True}, "return_generation_logits"),
@@ -151,7 +152,7 @@ def test_refusals_name_the_field(body: dict, named: str) -> None:
 
 
 def test_field_level_refusals_carry_the_param() -> None:
-    assert _refusal({"text_input": "x", "presence_penalty": 0.5})[1] == "presence_penalty"
+    assert _refusal({"text_input": "x", "presence_penalty": 3})[1] == "presence_penalty"
     assert _refusal({"text_input": "x", "bad_words": ["a"]})[1] == "bad_words"
 
 
@@ -246,10 +247,31 @@ def test_native_request_to_triton_json() -> None:
     }
 
 
+def test_additive_penalties_map_both_ways() -> None:
+    """TensorRT-LLM's presence and frequency penalties are the native fields of those names."""
+    triton = TritonGenerateRequest.model_validate(
+        {"text_input": "x", "presence_penalty": 0.5, "parameters": {"frequency_penalty": [-1.0]}}
+    )
+    config = triton.to_generation_config()
+    assert (config.presence_penalty, config.frequency_penalty) == (0.5, -1.0)
+    native = GenerateRequest(
+        prompt="p", generation_config={"presence_penalty": 1.5, "frequency_penalty": 0.25}
+    )
+    sent = TritonGenerateRequest.from_generate_request(native, "p", default_max_tokens=8)
+    assert sent.to_triton_json() == {
+        "text_input": "p",
+        "max_tokens": 8,
+        "presence_penalty": 1.5,
+        "frequency_penalty": 0.25,
+    }
+
+
 @pytest.mark.parametrize(
     ("config", "named"),
     [
         ({"typical_p": 0.5}, "typical_p"),
+        ({"do_sample": True, "min_p": 0.1}, "min_p"),
+        ({"logit_bias": {"42": 1.0}}, "logit_bias"),
         ({"ignore_eos": True}, "ignore_eos"),
         ({"stop_token_ids": [7]}, "stop_token_ids"),
         ({"num_beams": 2, "early_stopping": True}, "early_stopping"),
