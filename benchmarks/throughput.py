@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import hashlib
+import json
 import os
 import statistics
 import sys
@@ -146,11 +147,19 @@ def engine_config(args: argparse.Namespace, model: Path) -> EngineConfig:
     )
 
 
-def run_engine(engine: LLMEngine, requests: list[Request], tag: str) -> dict[str, int]:
-    """Add every request, step until all finish; generated tokens per request id."""
+def run_engine(
+    engine: LLMEngine,
+    requests: list[Request],
+    tag: str,
+    options: dict[str, Any] | None = None,
+) -> dict[str, int]:
+    """Add every request (with the extra ``generation_config`` ``options``), step until all
+    finish; generated tokens per request id."""
     counts: dict[str, int] = {}
     for i, request in enumerate(requests):
-        config = GenerationConfig(max_new_tokens=request.max_new_tokens, ignore_eos=True)
+        config = GenerationConfig(
+            max_new_tokens=request.max_new_tokens, ignore_eos=True, **(options or {})
+        )
         engine.add_request(SequenceRequest(f"{tag}-{i}", request.prompt_token_ids, config))
         counts[f"{tag}-{i}"] = 0
     while engine.has_unfinished_requests():
@@ -198,10 +207,12 @@ def engine_source_digest() -> str:
 def bench_engine(args: argparse.Namespace, model: Path, requests: list[Request]) -> dict:
     """Load the engine, warm it up, run the workload; its part of the result."""
     engine = LLMEngine(engine_config(args, model))
-    run_engine(engine, [Request(render_chat(engine.tokenizer, WARMUP_MESSAGES), 4)] * 2, "warm")
+    warm = [Request(render_chat(engine.tokenizer, WARMUP_MESSAGES), 4)] * 2
+    run_engine(engine, warm, "warm", args.generation_config)
     before = dataclasses.asdict(engine.stats)
     profiler = EngineProfiler(engine)
-    counts, seconds, cores = timed(lambda: run_engine(engine, requests, "bench"))
+    options = args.generation_config
+    counts, seconds, cores = timed(lambda: run_engine(engine, requests, "bench", options))
     profiler.close()
     for i, request in enumerate(requests):
         got = counts[f"bench-{i}"]
@@ -216,6 +227,7 @@ def bench_engine(args: argparse.Namespace, model: Path, requests: list[Request])
         "engine_stats": stats,
         "engine_profile": profiler.summary(seconds),
         "engine_config": engine.config.model_dump(),
+        "engine_generation_config": args.generation_config,
         # Which CPU path ran (ISA level, kernels, torch's own dispatch): levels can be forced.
         "engine_compute_path": engine.runner.compute_path.model_dump(),
     }
@@ -311,6 +323,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, help="cap every request's budget")
     p.add_argument("--batch-size", type=int, default=32, help="transformers batch (default 32)")
     p.add_argument("--batch-max-tokens", type=int, default=1024, help="engine tokens per step")
+    p.add_argument("--generation-config", type=json.loads, default={}, metavar="JSON",
+                   help="extra generation_config fields for every engine request (the cost "
+                   "of a knob), e.g. '{\"frequency_penalty\": 0.5}'")  # fmt: skip
     p.add_argument("--wait-for-load", type=float, metavar="LOAD", help="first wait (<= 10 min) "
                    "until the 1-minute load average is below LOAD")  # fmt: skip
     return p.parse_args(argv)

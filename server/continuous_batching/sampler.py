@@ -31,14 +31,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
-from server.common.logit_knobs import (
-    apply_additive_penalties,
-    apply_logit_bias,
-    apply_min_p,
-    output_token_counts,
-)
+from server.common.logit_knobs import apply_additive_penalties, apply_logit_bias, apply_min_p
 from server.continuous_batching.beam_search import BeamCandidate
 from server.continuous_batching.logits_processing import (
     apply_banned_tokens,
@@ -95,10 +91,13 @@ def _apply_to_rows(
 def _padded_ids(ids: list[list[int]], vocab_size: int, device: torch.device) -> torch.Tensor:
     """``[r, L]`` long of each row's ids, right-padded with ``vocab_size`` (ids past the
     vocabulary clamped to it, so that they land in the column the ops drop)."""
-    padded = torch.full((len(ids), max(len(x) for x in ids)), vocab_size, dtype=torch.long)
+    # Filled through numpy: a list into a numpy row is some 5x cheaper than a tensor per row
+    # (0.08 against 0.46 ms for 32 rows of 128 ids), and this runs every step.
+    padded = np.full((len(ids), max(len(x) for x in ids)), vocab_size, dtype=np.int64)
     for j, x in enumerate(ids):
-        padded[j, : len(x)] = torch.tensor(x, dtype=torch.long).clamp_(max=vocab_size)
-    return host_to_device(padded, device)
+        padded[j, : len(x)] = x
+    np.minimum(padded, vocab_size, out=padded)
+    return host_to_device(torch.from_numpy(padded), device)
 
 
 def _add_logit_bias(scores: torch.Tensor, rows: list[RowParams]) -> None:
@@ -136,11 +135,13 @@ def _processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     if counted:
         # The generated tokens only: the slice past the prompt of the live token list.
         outputs = [(rows[i].penalty_token_ids or [])[rows[i].num_prompt_tokens :] for i in counted]
-        counts = output_token_counts(_padded_ids(outputs, vocab_size, device), vocab_size)
+        generated = _padded_ids(outputs, vocab_size, device)
         frequency = _column([rows[i].frequency_penalty for i in counted], device)
         presence = _column([rows[i].presence_penalty for i in counted], device)
         scores = _apply_to_rows(
-            scores, counted, lambda s: apply_additive_penalties(s, counts, frequency, presence)
+            scores,
+            counted,
+            lambda s: apply_additive_penalties(s, generated, frequency, presence),
         )
     banned_rows = [i for i, row in enumerate(rows) for _ in row.banned_token_ids]
     if banned_rows:

@@ -44,11 +44,7 @@ from transformers.generation.logits_process import (
 from protocol.generation import FinishReason, GenerationConfig
 from server.common.backend import TextDelta
 from server.common.detokenizer import IncrementalDetokenizer
-from server.common.logit_knobs import (
-    apply_additive_penalties,
-    apply_logit_bias,
-    output_token_counts,
-)
+from server.common.logit_knobs import apply_additive_penalties, apply_logit_bias
 from server.static_batching.batcher import Package, RequestState
 from utils.errors import APIError
 
@@ -219,9 +215,8 @@ class _AdditivePenaltiesProcessor(LogitsProcessor):
         generated = input_ids[self.rows, self.prompt_width :]
         if generated.shape[1] == 0:
             return scores  # nothing generated yet: nothing to count
-        counts = output_token_counts(generated, scores.shape[-1])
         scores[self.rows] = apply_additive_penalties(
-            scores[self.rows], counts, self.frequency, self.presence
+            scores[self.rows], generated, self.frequency, self.presence
         )
         return scores
 
