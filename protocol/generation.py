@@ -79,6 +79,10 @@ class GenerationConfig(BaseModel):
       below ``min_p`` times the likeliest token's are dropped.
 
     The bias and the penalties change the greedy choice too; beam search refuses them.
+
+    ``json_schema`` constrains the output to JSON that validates against the schema
+    (``{"type": "object"}``: any JSON object), token by token (structured output); a schema
+    the grammar library cannot compile is a 400. Beam search refuses it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -105,6 +109,9 @@ class GenerationConfig(BaseModel):
     stop_token_ids: list[int] = Field(default_factory=list)
     ignore_eos: bool = False
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    json_schema: dict[str, Any] | None = Field(
+        default=None, description="constrain the output to JSON valid against this schema"
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -146,6 +153,10 @@ class GenerationConfig(BaseModel):
             for name, unused in ADDITIVE_KNOBS.items():
                 if getattr(self, name) != unused:
                     raise ValueError(f"'{name}' is not supported with beam search")
+            if self.json_schema is not None:
+                raise ValueError(
+                    "'json_schema' (structured output) is not supported with beam search"
+                )
             if self.num_return_sequences > self.num_beams:
                 raise ValueError(
                     f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams "

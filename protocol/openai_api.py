@@ -42,6 +42,41 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``: the schema the output must validate against."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = "response"
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``response_format``: ``text`` (default), ``json_object`` (any JSON object) or
+    ``json_schema`` (JSON valid against ``json_schema.schema``), as OpenAI defines them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("'json_schema' is required when 'type' is 'json_schema'")
+        return self
+
+    def schema_of_output(self) -> dict[str, Any] | None:
+        """The JSON schema the output must follow (None: free text)."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema" and self.json_schema is not None:
+            return self.json_schema.schema_
+        return None
+
+
 class _SamplingFields(BaseModel):
     """Decoding fields shared by completions and chat completions."""
 
@@ -72,6 +107,7 @@ class _SamplingFields(BaseModel):
     best_of: int | None = Field(default=None, ge=1, le=64)
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
+    response_format: ResponseFormat | None = None
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -118,6 +154,7 @@ class _SamplingFields(BaseModel):
             stop_token_ids=self.stop_token_ids or [],
             ignore_eos=self.ignore_eos,
             seed=self.seed,
+            json_schema=self.response_format.schema_of_output() if self.response_format else None,
         )
 
     def _native(self, **inputs: Any) -> GenerateRequest | None:
@@ -187,7 +224,6 @@ class ChatCompletionRequest(_SamplingFields):
     top_logprobs: int | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -198,8 +234,6 @@ class ChatCompletionRequest(_SamplingFields):
             raise ValueError("'logprobs' is not supported")
         if self.tools:
             raise ValueError("'tools' (function calling) is not supported by this server")
-        if self.response_format and self.response_format.get("type") not in (None, "text"):
-            raise ValueError("'response_format' other than {'type': 'text'} is not supported")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError(
                 "'continue_final_message' and 'add_generation_prompt' cannot both be true"

@@ -74,6 +74,13 @@ def to_openai(request: GenerateRequest, upstream_model: str | None) -> tuple[str
         body["stop"] = config.stop
     if config.seed is not None:
         body["seed"] = config.seed
+    if config.json_schema is not None:
+        schema = config.json_schema
+        body["response_format"] = (
+            {"type": "json_object"}
+            if schema == {"type": "object"}
+            else {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
+        )
     if request.stream:
         body.update(stream=True, stream_options={"include_usage": True})
     return path, json.dumps(body).encode()

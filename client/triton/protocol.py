@@ -298,6 +298,7 @@ class TritonGenerateRequest(BaseModel):
             "early_stopping": config.early_stopping is not False,
             "ignore_eos": config.ignore_eos,
             "stop_token_ids": bool(config.stop_token_ids),
+            "json_schema": config.json_schema is not None,
         }
         for name, is_set in refused.items():
             if is_set:

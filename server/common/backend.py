@@ -27,6 +27,9 @@ class SequenceRequest:
     prompt_token_ids: list[int]
     config: GenerationConfig
     arrival_time: float = field(default_factory=time.monotonic)
+    #: For ``config.json_schema``: a matcher at the start of its grammar
+    #: (``server.common.structured_output.GrammarMatcher``), None when unconstrained.
+    grammar: Any = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -59,6 +62,8 @@ class GenerationBackend(abc.ABC):
     tokenizer: Any
     #: What computes the model (device, CPU ISA level), for /health and /metrics.
     compute_path: ComputePath | None = None
+    #: True when the engine masks each row by its output grammar (``json_schema``).
+    is_structured_output_supported: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:

@@ -89,14 +89,16 @@ class GrammarCompiler:
         matcher = llguidance.LLMatcher(self.tokenizer, self.grammar(constraint), log_level=0)
         if matcher.is_error():
             raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
-        return GrammarMatcher(matcher)
+        return GrammarMatcher(matcher, self.vocab_size)
 
 
 class GrammarMatcher:
     """Where one sequence is in its grammar."""
 
-    def __init__(self, matcher: Any) -> None:
+    def __init__(self, matcher: Any, vocab_size: int) -> None:
         self._matcher = matcher
+        #: The tokenizer's vocabulary the masks cover (the bitmask's width, in tokens).
+        self.vocab_size = vocab_size
 
     def fill_bitmask(self, bitmask: Any, row: int) -> None:
         """Write the allowed next tokens into row ``row`` of ``bitmask`` (int32 words, CPU)."""
@@ -115,7 +117,7 @@ class GrammarMatcher:
 
     def fork(self) -> GrammarMatcher:
         """An independent copy (for a sequence forked into several)."""
-        return GrammarMatcher(self._matcher.deep_copy())
+        return GrammarMatcher(self._matcher.deep_copy(), self.vocab_size)
 
 
 def allocate_bitmask(num_rows: int, vocab_size: int) -> Any:

@@ -31,6 +31,7 @@ class AsyncEngine(GenerationBackend):
     """Drives an ``LLMEngine`` from a dedicated thread for asyncio callers."""
 
     kind: ServerKind = "continuous_batching"
+    is_structured_output_supported = True
 
     def __init__(
         self, engine: LLMEngine, model_id: str, compute: ComputeThread | None = None

@@ -147,6 +147,7 @@ class LLMEngine:
             raise EngineError(503, "the engine's queue is full; retry later")
         # The sequence's own token list: it grows, the request's prompt stays as sent.
         seq = Sequence(list(request.prompt_token_ids), request.num_prompt_tokens)
+        seq.grammar = request.grammar
         group = SequenceGroup(request.request_id, [seq], config, request.arrival_time)
         reason = self.scheduler.why_never_fits(group)
         if reason is not None:

@@ -9,7 +9,7 @@ bookkeeping that builds rows stays free of it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from protocol.generation import GenerationConfig
 
@@ -42,6 +42,8 @@ class RowParams:
     # num_prompt_tokens on.
     penalty_token_ids: list[int] | None = None
     num_prompt_tokens: int = 0
+    # The sequence's output grammar (structured output): the sampler masks the row by it.
+    grammar: Any = None
 
     @classmethod
     def from_generation_config(
@@ -110,4 +112,5 @@ class RowParams:
             or self.output_penalised
             or bool(self.banned_token_ids)
             or bool(self.logit_bias)
+            or self.grammar is not None
         )

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from server.common.logit_knobs import apply_additive_penalties, apply_logit_bias, apply_min_p
+from server.common.structured_output import allocate_bitmask, apply_bitmask
 from server.continuous_batching.beam_search import BeamCandidate
 from server.continuous_batching.logits_processing import (
     apply_banned_tokens,
@@ -193,8 +194,23 @@ def process_logits(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     if logits.shape[0] != len(rows):
         raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
     scores = logits.to(dtype=torch.float32, copy=True)
+    _mask_by_grammar(scores, rows)
     scores = _processors(scores, rows)
     return _warpers(scores, rows)
+
+
+def _mask_by_grammar(scores: torch.Tensor, rows: list[RowParams]) -> None:
+    """Structured output: every token a row's grammar does not allow next scores -inf, before
+    anything else (so no bias or penalty can bring it back). The masks are computed on the
+    host, by llguidance, one row at a time (tens of microseconds each), then applied at once."""
+    constrained = [i for i, row in enumerate(rows) if row.grammar is not None]
+    if not constrained:
+        return
+    # Sized by the tokenizer's vocabulary: logits columns past it (padding) stay masked.
+    bitmask = allocate_bitmask(len(constrained), rows[constrained[0]].grammar.vocab_size)
+    for j, i in enumerate(constrained):
+        rows[i].grammar.fill_bitmask(bitmask, j)
+    apply_bitmask(scores, bitmask, constrained)
 
 
 def beam_log_probs(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:

@@ -52,6 +52,9 @@ class Sequence:
     detokenizer: Any = None
     # Decoding parameters of the sequence's logits row, built on its first step (see decoding).
     row_params: RowParams | None = None
+    # Where the sequence is in its output grammar (structured output; a GrammarMatcher of
+    # server.common.structured_output), None when unconstrained.
+    grammar: Any = None
 
     @property
     def num_tokens(self) -> int:
@@ -83,6 +86,8 @@ class Sequence:
             block_keys=list(self.block_keys),
             num_registered_blocks=self.num_registered_blocks,
             choice_index=self.choice_index,
+            # Each fork follows the grammar on its own from here.
+            grammar=self.grammar.fork() if self.grammar is not None else None,
         )
 
 

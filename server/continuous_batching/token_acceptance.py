@@ -3,8 +3,9 @@
 Before a step, :func:`row_params_for` gives a sequence's row parameters, with its stop ids
 banned while fewer than ``min_new_tokens`` tokens were generated (HF's
 ``MinNewTokensLengthLogitsProcessor``). After it, :func:`append_token` adds the chosen token
-and ends the sequence on a stop id (``"stop"``) or at ``max_new_tokens`` (``"length"``); stop
-strings need the text and are applied by :mod:`server.continuous_batching.text_deltas`.
+and ends the sequence on a stop id (``"stop"``), when its output grammar is complete
+(structured output: ``"stop"``) or at ``max_new_tokens`` (``"length"``); stop strings need the
+text and are applied by :mod:`server.continuous_batching.text_deltas`.
 
 Plain Python over sequences and the block manager: no tensors.
 """
@@ -44,6 +45,7 @@ def row_params_for(group: SequenceGroup, seq: Sequence) -> RowParams:
             penalty_token_ids=seq.token_ids,
             num_prompt_tokens=seq.num_prompt_tokens,
         )
+        row.grammar = seq.grammar  # the sequence's own matcher: the sampler masks by it
     elif row.banned_token_ids and is_min_reached:
         row.banned_token_ids = []  # min_new_tokens reached: stop ids are allowed from now on
     return row
@@ -58,7 +60,12 @@ def append_token(
     A stop id wins over the length when both apply: the request asked to stop there.
     """
     seq.token_ids.append(token)
+    grammar = seq.grammar
     if token in group.stop_token_ids:
+        seq.finish_reason = "stop"
+    elif grammar is not None and (not grammar.accept(token) or grammar.is_finished):
+        # Complete (nothing may follow): done. A token the grammar refuses cannot be drawn
+        # from a masked row; should it happen anyway, the output ends rather than goes wrong.
         seq.finish_reason = "stop"
     elif seq.num_generated >= (group.config.max_new_tokens or 0):
         seq.finish_reason = "length"
