@@ -31,7 +31,7 @@ from protocol.generation import (
     parse_logit_bias,
 )
 
-OpenAIFinishReason = Literal["stop", "length", "abort"]
+OpenAIFinishReason = Literal["stop", "length", "abort", "tool_calls"]
 
 
 class StreamOptions(BaseModel):
@@ -214,6 +214,39 @@ class CompletionRequest(_SamplingFields):
         return self._native(prompt=prompts[0])
 
 
+class FunctionDefinition(BaseModel):
+    """A function the model may call: its name and its parameters' JSON schema."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
+    strict: bool | None = None
+
+
+class Tool(BaseModel):
+    """One entry of ``tools``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class ToolChoiceFunction(BaseModel):
+    """The function a named ``tool_choice`` forces."""
+
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
+
+    type: Literal["function"] = "function"
+    function: ToolChoiceFunction
+
+
 class ChatCompletionRequest(_SamplingFields):
     """Body of ``POST /v1/chat/completions``."""
 
@@ -222,8 +255,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: Any = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
@@ -232,8 +266,15 @@ class ChatCompletionRequest(_SamplingFields):
     def _check_chat_fields(self) -> ChatCompletionRequest:
         if self.logprobs or self.top_logprobs:
             raise ValueError("'logprobs' is not supported")
-        if self.tools:
-            raise ValueError("'tools' (function calling) is not supported by this server")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            names = [tool.function.name for tool in self.tools or []]
+            if self.tool_choice.function.name not in names:
+                raise ValueError(
+                    f"tool_choice names function {self.tool_choice.function.name!r}, which is "
+                    f"not among the tools ({', '.join(names) or 'none given'})"
+                )
+        elif self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs 'tools'")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError(
                 "'continue_final_message' and 'add_generation_prompt' cannot both be true"
@@ -243,10 +284,25 @@ class ChatCompletionRequest(_SamplingFields):
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def active_tools(self) -> list[dict[str, Any]]:
+        """The tools the model is told about (none with ``tool_choice: "none"``), as dicts."""
+        if not self.tools or self.tool_choice == "none":
+            return []
+        return [tool.model_dump(exclude_none=True) for tool in self.tools]
+
+    @property
+    def forced_function(self) -> str | None:
+        """With ``tool_choice`` required or a named function: "" (any) or the name; else None
+        (the model decides, or there are no tools)."""
+        if isinstance(self.tool_choice, NamedToolChoice):
+            return self.tool_choice.function.name
+        return "" if self.tool_choice == "required" and self.tools else None
+
     def to_generate_request(self) -> GenerateRequest | None:
         """The native request that asks the same, or None when none does (a continued final
         message, chat template arguments, or options that make no valid native config)."""
-        if self.continue_final_message or self.chat_template_kwargs:
+        if self.continue_final_message or self.chat_template_kwargs or self.active_tools:
             return None
         return self._native(messages=self.messages)
 
@@ -275,11 +331,27 @@ class CompletionResponse(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionCall(BaseModel):
+    """The function a tool call names, with its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCall(BaseModel):
+    """One call of an assistant message (``tool_calls``)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     """The assistant message of a chat choice."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatCompletionChoice(BaseModel):
@@ -303,7 +375,10 @@ class ChatCompletionResponse(BaseModel):
 
 
 class ChatDelta(BaseModel):
-    """The new part of the assistant message in a stream chunk."""
+    """The new part of the assistant message in a stream chunk (``tool_calls`` too, when a
+    choice ends in calls: kept as an extra, so that deltas without calls do not carry it)."""
+
+    model_config = ConfigDict(extra="allow")
 
     role: Literal["assistant"] | None = None
     content: str | None = None

@@ -18,18 +18,22 @@ from protocol.openai_api import (
     CompletionChoice,
     CompletionRequest,
     CompletionResponse,
+    FunctionCall,
     ModelCard,
     ModelList,
+    ToolCall,
 )
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import (
     AnswerShape,
+    ChoiceResult,
     GenerationService,
     Job,
     answer_job,
     new_response_id,
 )
+from server.common.tool_calls import call_schema, parse_tool_calls
 from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
 
@@ -60,11 +64,16 @@ def _chat_job(
 ) -> Job:
     service.check_model(body.model)
     config = _generation_config(body)
+    tools = body.active_tools
+    forced = body.forced_function
+    if forced is not None:  # required, or a named function: the output is one call
+        config.json_schema = call_schema(tools, forced or None)
     prompt = service.prompts.render_chat(
         body.messages,
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
         template_kwargs=body.chat_template_kwargs,
+        tools=tools,
     )
     token_ids = service.prompts.encode(prompt, is_chat=True)
     return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record)
@@ -125,6 +134,53 @@ _CHAT = AnswerShape(
 )
 
 
+def _chat_with_tools(is_constrained: bool) -> AnswerShape:
+    """The chat shape when the model may call tools: each choice's text is read for calls
+    once it is complete (a call cannot be told from text before), so a stream sends a choice
+    in one event when it finishes: content, or ``tool_calls`` with ``finish_reason``
+    ``tool_calls``, as OpenAI streams them (the SDK assembles either)."""
+    texts: dict[int, list[str]] = {}
+
+    def message_of(text: str) -> tuple[str | None, list[ToolCall]]:
+        content, calls = parse_tool_calls(text, is_constrained=is_constrained)
+        return content, [
+            ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
+            for c in calls
+        ]
+
+    def chunk_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
+        texts.setdefault(delta.index, []).append(delta.text)
+        if delta.finish_reason is None:
+            return None
+        content, calls = message_of("".join(texts.pop(delta.index)))
+        chat_delta: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            chat_delta["tool_calls"] = [
+                {"index": i, **call.model_dump()} for i, call in enumerate(calls)
+            ]
+        return {
+            "index": delta.index,
+            "delta": chat_delta,
+            "finish_reason": "tool_calls" if calls else delta.finish_reason,
+            "logprobs": None,
+        }
+
+    def response_choice(result: ChoiceResult) -> ChatCompletionChoice:
+        content, calls = message_of(result.text)
+        return ChatCompletionChoice(
+            index=result.index,
+            message=ChatResponseMessage(content=content, tool_calls=calls or None),
+            finish_reason="tool_calls" if calls else result.finish_reason,
+        )
+
+    return AnswerShape(
+        chunk=ChatCompletionChunk,
+        chunk_choice=chunk_choice,
+        response=ChatCompletionResponse,
+        response_choice=response_choice,
+    )
+
+
 def build_openai_router(service: GenerationService) -> APIRouter:
     """Routes of the OpenAI-compatible API over ``service``."""
     router = APIRouter(prefix="/v1")
@@ -154,11 +210,14 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest, service.settings.max_request_bytes)
         job = _chat_job(service, body, request_record(request))
+        shape = _CHAT
+        if body.active_tools:
+            shape = _chat_with_tools(is_constrained=body.forced_function is not None)
         return await answer_job(
             request,
             service,
             job,
-            _CHAT,
+            shape,
             is_stream=body.stream,
             is_usage_streamed=body.is_usage_streamed,
         )

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from protocol.generation import ChatMessage, GenerationConfig
-from utils.chat_template import ChatTemplateError, render_chat
+from server.common.tool_calls import fallback_conversation
+from utils.chat_template import ChatTemplateError, conversation_of, render_conversation
 from utils.errors import APIError
 
 
@@ -27,15 +28,27 @@ class PromptProcessor:
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
         template_kwargs: dict[str, Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Render ``messages`` with the model's chat template into one prompt string."""
+        """Render ``messages`` with the model's chat template into one prompt string.
+
+        ``tools`` go to the template; a template that ignores them (it renders the same text
+        with and without) gets ``server.common.tool_calls``' documented fallback instead.
+        """
+        conversation = conversation_of(messages)
+        options: dict[str, Any] = {
+            "add_generation_prompt": add_generation_prompt,
+            "continue_final_message": continue_final_message,
+            "template_kwargs": template_kwargs,
+        }
         try:
-            return render_chat(
-                self.tokenizer,
-                messages,
-                add_generation_prompt=add_generation_prompt,
-                continue_final_message=continue_final_message,
-                template_kwargs=template_kwargs,
+            if not tools:
+                return render_conversation(self.tokenizer, conversation, **options)
+            with_tools = render_conversation(self.tokenizer, conversation, tools=tools, **options)
+            if with_tools != render_conversation(self.tokenizer, conversation, **options):
+                return with_tools
+            return render_conversation(
+                self.tokenizer, fallback_conversation(conversation, tools), **options
             )
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages" if exc.is_missing else None) from exc

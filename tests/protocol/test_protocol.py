@@ -111,10 +111,15 @@ def test_openai_beam_search_and_unsupported_fields() -> None:
     body = CompletionRequest(prompt="x", n=2, best_of=3, use_beam_search=True, temperature=0)
     config = body.to_generation_config()
     assert config.num_beams == 3 and config.num_return_sequences == 2
-    with pytest.raises(ValidationError, match=r"'tools' \(function calling\) is not supported"):
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], tools=tools)
+    assert chat.forced_function is None and chat.active_tools[0]["function"]["name"] == "f"
+    assert chat.to_generate_request() is None  # the native API has no tools
+    with pytest.raises(ValidationError, match="not among the tools"):
         ChatCompletionRequest(
             messages=[{"role": "user", "content": "x"}],
-            tools=[{"type": "function", "function": {"name": "f"}}],
+            tools=tools,
+            tool_choice={"type": "function", "function": {"name": "g"}},
         )
 
 

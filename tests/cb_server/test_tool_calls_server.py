@@ -1,0 +1,165 @@
+"""Tool calls through the gateway with the ``openai`` SDK on the CB server: ``tools`` rendered
+(SmolLM2's template knows none, so the documented fallback), ``tool_choice`` required or named
+constrained to a valid call, calls in OpenAI's ``tool_calls`` (streamed and not), and the
+``role: tool`` answer taken back."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+
+from tests.support.default_model import MODEL_ID
+from tests.support.servers import ServerThread, start_gateway
+
+WEATHER_PARAMETERS: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 16},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+TOOLS: list[dict[str, Any]] = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The current weather in a city",
+            "parameters": WEATHER_PARAMETERS,
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "get_time",
+            "description": "The local time in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 16}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[Any]:
+    gateway = start_gateway(
+        tmp_path_factory.mktemp("tools"), continuous_batching_server_urls=[cb_server.url]
+    )
+    sdk = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=120)
+    yield sdk
+    sdk.close()
+    gateway.stop()
+
+
+def _check_call(call: Any, name: str | None = None) -> dict[str, Any]:
+    assert call.type == "function" and call.id.startswith("call_")
+    tool = next(t for t in TOOLS if t["function"]["name"] == call.function.name)
+    assert name is None or call.function.name == name
+    arguments = json.loads(call.function.arguments)
+    jsonschema.validate(arguments, tool["function"]["parameters"])
+    return arguments
+
+
+def test_a_required_call_is_valid_streamed_or_not(client: Any) -> None:
+    answer = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice="required",
+        max_tokens=64,
+        temperature=0,
+    )
+    choice = answer.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    _check_call(call)
+    # Streamed: the SDK assembles the same call from the chunks.
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL_ID,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice="required",
+            max_tokens=64,
+            temperature=0,
+            stream=True,
+        )
+    )
+    streamed = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [
+        (call.function.name, call.function.arguments)
+    ]
+
+
+def test_a_named_function_and_the_round_trip(client: Any) -> None:
+    answer = client.chat.completions.create(
+        model=MODEL_ID,
+        messages=ASK,
+        tools=TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+        max_tokens=64,
+        temperature=0,
+    )
+    [call] = answer.choices[0].message.tool_calls
+    arguments = _check_call(call, "get_time")
+    # The call and its result go back; the model answers in text.
+    history = [
+        *ASK,
+        answer.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"time": "14:05"})},
+    ]
+    reply = client.chat.completions.create(
+        model=MODEL_ID, messages=history, tools=TOOLS, tool_choice="none", max_tokens=16
+    )
+    assert reply.choices[0].message.content and not reply.choices[0].message.tool_calls
+    assert isinstance(arguments["city"], str)
+
+
+def test_auto_and_none(client: Any) -> None:
+    for choice_mode in ("auto", "none"):
+        answer = client.chat.completions.create(
+            model=MODEL_ID,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice=choice_mode,
+            max_tokens=48,
+            temperature=0,
+        )
+        message = answer.choices[0].message
+        for call in message.tool_calls or []:  # auto: the model may call, validly named
+            assert choice_mode == "auto"
+            assert call.function.name in {t["function"]["name"] for t in TOOLS}
+        assert message.content or message.tool_calls
+
+
+def test_bad_tool_choices_are_400s(client: Any) -> None:
+    with pytest.raises(openai.BadRequestError, match="not among the tools"):
+        client.chat.completions.create(
+            model=MODEL_ID,
+            messages=ASK,
+            tools=TOOLS,
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+        )
+    with pytest.raises(openai.BadRequestError, match="needs 'tools'"):
+        client.chat.completions.create(model=MODEL_ID, messages=ASK, tool_choice="required")
+
+
+def test_the_static_batching_server_takes_tools_but_cannot_force_a_call(
+    sb_server: ServerThread,
+) -> None:
+    body = {"messages": ASK, "tools": TOOLS, "max_tokens": 8}
+    assert sb_server.http.post("/v1/chat/completions", json=body).status_code == 200
+    forced = sb_server.http.post("/v1/chat/completions", json={**body, "tool_choice": "required"})
+    assert forced.status_code == 400 and "continuous-batching" in forced.json()["error"]["message"]
