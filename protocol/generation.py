@@ -20,6 +20,11 @@ MAX_STOP_STRINGS = 16
 MIN_SAMPLING_TEMPERATURE = 1e-5
 #: OpenAI's bounds of a ``logit_bias`` value: -100 bans a token in practice, +100 forces it.
 MAX_LOGIT_BIAS = 100.0
+#: The most alternatives a token's logprobs may list (OpenAI's chat ``top_logprobs`` bound).
+MAX_TOP_LOGPROBS = 20
+#: What a logprob that is -inf (a token the processing removed) is written as: JSON has no
+#: infinity, and OpenAI and vLLM write -9999.0.
+MIN_LOGPROB = -9999.0
 #: A ``logit_bias`` key: a token id, written in decimal (JSON object keys are strings).
 _TOKEN_ID_KEY = re.compile(r"[0-9]+")
 
@@ -83,6 +88,12 @@ class GenerationConfig(BaseModel):
     ``json_schema`` constrains the output to JSON that validates against the schema
     (``{"type": "object"}``: any JSON object), token by token (structured output); a schema
     the grammar library cannot compile is a 400. Beam search refuses it.
+
+    ``logprobs`` N (0..20) asks for each generated token's log-probability and its N likeliest
+    alternatives, in float32 from the model's logits: of the raw logits by default
+    (``logprobs_mode`` ``"raw"``, vLLM's ``raw_logprobs``), or of the scores the token was
+    chosen from (``"processed"``: after ``logit_bias``, the penalties and, when sampling, the
+    temperature and the filters; vLLM's ``processed_logprobs``). Beam search refuses it.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -112,6 +123,13 @@ class GenerationConfig(BaseModel):
     json_schema: dict[str, Any] | None = Field(
         default=None, description="constrain the output to JSON valid against this schema"
     )
+    logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="None: no logprobs; N: each token's logprob and its N likeliest alternatives",
+    )
+    logprobs_mode: Literal["raw", "processed"] = "raw"
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -157,6 +175,9 @@ class GenerationConfig(BaseModel):
                 raise ValueError(
                     "'json_schema' (structured output) is not supported with beam search"
                 )
+            if self.logprobs is not None:
+                # A beam's tokens are chosen by the beams' running scores, not one by one.
+                raise ValueError("'logprobs' is not supported with beam search")
             if self.num_return_sequences > self.num_beams:
                 raise ValueError(
                     f"num_return_sequences ({self.num_return_sequences}) must be <= num_beams "
@@ -240,12 +261,33 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class TopLogprob(BaseModel):
+    """One of a token's likeliest alternatives (the token itself may be among them)."""
+
+    token_id: int
+    #: The token's text alone (``tokenizer.decode([token_id])``).
+    token: str
+    logprob: float
+
+
+class TokenLogprob(BaseModel):
+    """A generated token's log-probability (float32, ``MIN_LOGPROB`` for -inf) and its
+    ``generation_config.logprobs`` likeliest alternatives, best first."""
+
+    token_id: int
+    token: str
+    logprob: float
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
 class Choice(BaseModel):
-    """One generated sequence."""
+    """One generated sequence (``logprobs``: one entry per generated token, stop ids included,
+    when ``generation_config.logprobs`` is set; a stream chunk's are its new tokens')."""
 
     index: int
     text: str
     finish_reason: FinishReason | None = None
+    logprobs: list[TokenLogprob] | None = None
 
 
 class GenerateResponse(BaseModel):

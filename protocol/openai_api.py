@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from protocol.generation import (
+    MAX_TOP_LOGPROBS,
     MIN_SAMPLING_TEMPERATURE,
     ChatMessage,
     GenerateRequest,
@@ -32,6 +33,8 @@ from protocol.generation import (
 )
 
 OpenAIFinishReason = Literal["stop", "length", "abort", "tool_calls"]
+#: OpenAI's bound of the completions ``logprobs`` (alternatives per token).
+MAX_COMPLETION_LOGPROBS = 5
 
 
 class StreamOptions(BaseModel):
@@ -108,6 +111,8 @@ class _SamplingFields(BaseModel):
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
     response_format: ResponseFormat | None = None
+    #: vLLM's logprobs mode as an extra: "raw" (default) or "processed" (see GenerationConfig).
+    logprobs_mode: Literal["raw", "processed"] | None = None
 
     @field_validator("logit_bias", mode="before")
     @classmethod
@@ -121,6 +126,10 @@ class _SamplingFields(BaseModel):
         return self
 
     def _max_tokens(self) -> int | None:
+        raise NotImplementedError
+
+    def _num_top_logprobs(self) -> int | None:
+        """The native ``logprobs``: None for none, else the number of alternatives."""
         raise NotImplementedError
 
     def to_generation_config(self) -> GenerationConfig:
@@ -155,6 +164,8 @@ class _SamplingFields(BaseModel):
             ignore_eos=self.ignore_eos,
             seed=self.seed,
             json_schema=self.response_format.schema_of_output() if self.response_format else None,
+            logprobs=self._num_top_logprobs(),
+            logprobs_mode=self.logprobs_mode or "raw",
         )
 
     def _native(self, **inputs: Any) -> GenerateRequest | None:
@@ -180,13 +191,12 @@ class CompletionRequest(_SamplingFields):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(default=16, ge=1)
     echo: bool = False
-    logprobs: int | None = None
+    #: OpenAI's: each token's logprob and this many likeliest alternatives (0..5).
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
     suffix: str | None = None
 
     @model_validator(mode="after")
     def _check_completion_fields(self) -> CompletionRequest:
-        if self.logprobs is not None:
-            raise ValueError("'logprobs' is not supported")
         if self.suffix:
             raise ValueError("'suffix' is not supported")
         if isinstance(self.prompt, list) and not self.prompt:
@@ -195,6 +205,9 @@ class CompletionRequest(_SamplingFields):
 
     def _max_tokens(self) -> int | None:
         return self.max_tokens
+
+    def _num_top_logprobs(self) -> int | None:
+        return self.logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts: one string or token list per prompt."""
@@ -254,7 +267,7 @@ class ChatCompletionRequest(_SamplingFields):
     max_tokens: int | None = Field(default=None, ge=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: list[Tool] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -264,8 +277,8 @@ class ChatCompletionRequest(_SamplingFields):
 
     @model_validator(mode="after")
     def _check_chat_fields(self) -> ChatCompletionRequest:
-        if self.logprobs or self.top_logprobs:
-            raise ValueError("'logprobs' is not supported")
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("'top_logprobs' needs 'logprobs': true")
         if isinstance(self.tool_choice, NamedToolChoice):
             names = [tool.function.name for tool in self.tools or []]
             if self.tool_choice.function.name not in names:
@@ -283,6 +296,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     def _max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def _num_top_logprobs(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def active_tools(self) -> list[dict[str, Any]]:
@@ -307,13 +323,23 @@ class ChatCompletionRequest(_SamplingFields):
         return self._native(messages=self.messages)
 
 
+class CompletionLogprobs(BaseModel):
+    """A completion choice's logprobs (OpenAI's legacy shape): per generated token its text,
+    logprob, likeliest alternatives ``{text: logprob}`` and offset in the choice's text."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
 class CompletionChoice(BaseModel):
     """One choice of a text completion."""
 
     index: int
     text: str
     finish_reason: OpenAIFinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 def _now() -> int:
@@ -354,13 +380,33 @@ class ChatResponseMessage(BaseModel):
     tool_calls: list[ToolCall] | None = None
 
 
+class ChatTopLogprob(BaseModel):
+    """One likeliest alternative of a chat token: its text, logprob and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatTokenLogprob(ChatTopLogprob):
+    """A chat token's logprob with its ``top_logprobs`` alternatives."""
+
+    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    """A chat choice's logprobs: one entry per generated token (a chunk's: its new ones)."""
+
+    content: list[ChatTokenLogprob] | None = None
+
+
 class ChatCompletionChoice(BaseModel):
     """One choice of a chat completion."""
 
     index: int
     message: ChatResponseMessage
     finish_reason: OpenAIFinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -390,7 +436,7 @@ class ChatCompletionChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     finish_reason: OpenAIFinishReason | None = None
-    logprobs: None = None
+    logprobs: ChatLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

@@ -28,6 +28,9 @@ _UPSTREAM_UNSUPPORTED: dict[str, object] = {
     "min_new_tokens": 0,
     "stop_token_ids": [],
     "ignore_eos": False,
+    # OpenAI's logprobs answer in another shape than the native entries (token ids).
+    "logprobs": None,
+    "logprobs_mode": "raw",
 }
 _FINISH_REASONS = ("stop", "length")
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from protocol.generation import FinishReason, GenerationConfig
+from protocol.generation import FinishReason, GenerationConfig, TokenLogprob
 from protocol.health import ComputePath, LoadReport, ServerKind
 
 
@@ -43,7 +43,9 @@ class TextDelta:
 
     ``text`` is the new text since the previous delta of that choice (may be empty),
     ``num_new_tokens`` the tokens it came from; ``finish_reason`` is set on the last delta
-    of the choice, which may also carry text.
+    of the choice, which may also carry text. ``logprobs``, when the request asked for them,
+    has one entry per id of ``token_ids``, in order: they follow the tokens, not the text
+    (which the detokenizer may hold back for a later delta).
     """
 
     index: int
@@ -51,6 +53,7 @@ class TextDelta:
     num_new_tokens: int
     finish_reason: FinishReason | None = None
     token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprob] | None = None
 
 
 class GenerationBackend(abc.ABC):
@@ -64,6 +67,8 @@ class GenerationBackend(abc.ABC):
     compute_path: ComputePath | None = None
     #: True when the engine masks each row by its output grammar (``json_schema``).
     is_structured_output_supported: bool = False
+    #: True when the engine gives each token's logprobs (``generation_config.logprobs``).
+    is_logprobs_supported: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:

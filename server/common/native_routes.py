@@ -37,17 +37,27 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
 
 
 def _native_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
-    """A choice's part of a ``/generate`` stream event (a ``Choice``), when it has news."""
-    if not delta.text and delta.finish_reason is None:
+    """A choice's part of a ``/generate`` stream event (a ``Choice``), when it has news (text,
+    its end, or the logprobs of new tokens whose text is still held back)."""
+    if not delta.text and delta.finish_reason is None and not delta.logprobs:
         return None
-    return {"index": delta.index, "text": delta.text, "finish_reason": delta.finish_reason}
+    choice: dict[str, Any] = {
+        "index": delta.index,
+        "text": delta.text,
+        "finish_reason": delta.finish_reason,
+    }
+    if delta.logprobs is not None:
+        choice["logprobs"] = [entry.model_dump() for entry in delta.logprobs]
+    return choice
 
 
 _NATIVE = AnswerShape(
     chunk=GenerateStreamChunk,
     chunk_choice=_native_choice,
     response=GenerateResponse,
-    response_choice=lambda r: Choice(index=r.index, text=r.text, finish_reason=r.finish_reason),
+    response_choice=lambda r: Choice(
+        index=r.index, text=r.text, finish_reason=r.finish_reason, logprobs=r.logprobs
+    ),
 )
 
 

@@ -8,14 +8,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import ValidationError
 
-from protocol.generation import GenerationConfig
+from protocol.generation import GenerationConfig, TokenLogprob, TopLogprob
 from protocol.openai_api import (
     ChatCompletionChoice,
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChatLogprobs,
     ChatResponseMessage,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     FunctionCall,
@@ -79,28 +81,93 @@ def _chat_job(
     return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record)
 
 
-def _completion_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
-    """A choice's part of a completion stream chunk (a ``CompletionChoice``), when it has
-    news."""
-    if not delta.text and delta.finish_reason is None:
-        return None
+def _chat_top(entry: TopLogprob | TokenLogprob) -> dict[str, Any]:
+    """OpenAI's ``{token, logprob, bytes}`` of one token (``bytes``: its text's UTF-8)."""
     return {
-        "index": delta.index,
-        "text": delta.text,
-        "finish_reason": delta.finish_reason,
-        "logprobs": None,
+        "token": entry.token,
+        "logprob": entry.logprob,
+        "bytes": list(entry.token.encode("utf-8")),
     }
 
 
+def chat_logprobs(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    """A chat choice's ``logprobs`` (``ChatLogprobs``) of these tokens; None when not asked."""
+    if entries is None:
+        return None
+    return {
+        "content": [
+            {**_chat_top(e), "top_logprobs": [_chat_top(t) for t in e.top_logprobs]}
+            for e in entries
+        ]
+    }
+
+
+def completion_logprobs(
+    entries: list[TokenLogprob] | None, offset: int = 0
+) -> dict[str, Any] | None:
+    """A completion choice's ``logprobs`` (``CompletionLogprobs``) of these tokens, the first
+    at ``offset`` in the choice's text (each token's offset adds the texts before it)."""
+    if entries is None:
+        return None
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry.token)
+    return {
+        "tokens": [e.token for e in entries],
+        "token_logprobs": [e.logprob for e in entries],
+        "top_logprobs": [{t.token: t.logprob for t in e.top_logprobs} for e in entries],
+        "text_offset": offsets,
+    }
+
+
+def _completion_shape() -> AnswerShape:
+    """The completions shape of one request (its stream keeps each choice's text offset)."""
+    offsets: dict[int, int] = {}
+
+    def chunk_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
+        """A choice's part of a completion stream chunk (a ``CompletionChoice``), when it has
+        news (text, its end, or new tokens' logprobs)."""
+        if not delta.text and delta.finish_reason is None and not delta.logprobs:
+            return None
+        offset = offsets.get(delta.index, 0)
+        logprobs = completion_logprobs(delta.logprobs, offset)
+        if delta.logprobs:
+            offsets[delta.index] = offset + sum(len(e.token) for e in delta.logprobs)
+        return {
+            "index": delta.index,
+            "text": delta.text,
+            "finish_reason": delta.finish_reason,
+            "logprobs": logprobs,
+        }
+
+    def response_choice(r: ChoiceResult) -> CompletionChoice:
+        logprobs = completion_logprobs(r.logprobs)
+        return CompletionChoice(
+            index=r.index,
+            text=r.text,
+            finish_reason=r.finish_reason,
+            logprobs=None if logprobs is None else CompletionLogprobs.model_validate(logprobs),
+        )
+
+    return AnswerShape(
+        chunk=CompletionResponse,
+        chunk_choice=chunk_choice,
+        response=CompletionResponse,
+        response_choice=response_choice,
+    )
+
+
 def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
-    """A choice's part of a chat chunk (a ``ChatCompletionChunkChoice``): its new text and,
-    once it ends, its finish reason; None when it has no news and is already open.
+    """A choice's part of a chat chunk (a ``ChatCompletionChunkChoice``): its new text (and
+    its new tokens' logprobs) and, once it ends, its finish reason; None when it has no news
+    and is already open.
 
     OpenAI opens every choice with the assistant role; here the role rides on the choice's
     first delta (as OpenAI-compatible servers such as llama.cpp's do) rather than costing an
     event of its own.
     """
-    if not is_opening and not delta.text and delta.finish_reason is None:
+    if not is_opening and not delta.text and delta.finish_reason is None and not delta.logprobs:
         return None
     chat_delta = (
         {"role": "assistant", "content": delta.text}
@@ -111,26 +178,30 @@ def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
         "index": delta.index,
         "delta": chat_delta,
         "finish_reason": delta.finish_reason,
-        "logprobs": None,
+        "logprobs": chat_logprobs(delta.logprobs),
     }
 
 
-_COMPLETION = AnswerShape(
-    chunk=CompletionResponse,
-    chunk_choice=_completion_choice,
-    response=CompletionResponse,
-    response_choice=lambda r: CompletionChoice(
-        index=r.index, text=r.text, finish_reason=r.finish_reason
-    ),
-)
+def _chat_logprobs_model(entries: list[TokenLogprob] | None) -> ChatLogprobs | None:
+    """A whole answer's ``ChatLogprobs`` of a choice's tokens; None when not asked."""
+    logprobs = chat_logprobs(entries)
+    return None if logprobs is None else ChatLogprobs.model_validate(logprobs)
+
+
+def _chat_response_choice(r: ChoiceResult) -> ChatCompletionChoice:
+    return ChatCompletionChoice(
+        index=r.index,
+        message=ChatResponseMessage(content=r.text),
+        finish_reason=r.finish_reason,
+        logprobs=_chat_logprobs_model(r.logprobs),
+    )
+
 
 _CHAT = AnswerShape(
     chunk=ChatCompletionChunk,
     chunk_choice=_chat_choice,
     response=ChatCompletionResponse,
-    response_choice=lambda r: ChatCompletionChoice(
-        index=r.index, message=ChatResponseMessage(content=r.text), finish_reason=r.finish_reason
-    ),
+    response_choice=_chat_response_choice,
 )
 
 
@@ -140,6 +211,7 @@ def _chat_with_tools(is_constrained: bool) -> AnswerShape:
     in one event when it finishes: content, or ``tool_calls`` with ``finish_reason``
     ``tool_calls``, as OpenAI streams them (the SDK assembles either)."""
     texts: dict[int, list[str]] = {}
+    entries: dict[int, list[TokenLogprob]] = {}
 
     def message_of(text: str) -> tuple[str | None, list[ToolCall]]:
         content, calls = parse_tool_calls(text, is_constrained=is_constrained)
@@ -150,6 +222,8 @@ def _chat_with_tools(is_constrained: bool) -> AnswerShape:
 
     def chunk_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
         texts.setdefault(delta.index, []).append(delta.text)
+        if delta.logprobs is not None:
+            entries.setdefault(delta.index, []).extend(delta.logprobs)
         if delta.finish_reason is None:
             return None
         content, calls = message_of("".join(texts.pop(delta.index)))
@@ -162,7 +236,7 @@ def _chat_with_tools(is_constrained: bool) -> AnswerShape:
             "index": delta.index,
             "delta": chat_delta,
             "finish_reason": "tool_calls" if calls else delta.finish_reason,
-            "logprobs": None,
+            "logprobs": chat_logprobs(entries.pop(delta.index, None)),
         }
 
     def response_choice(result: ChoiceResult) -> ChatCompletionChoice:
@@ -171,6 +245,7 @@ def _chat_with_tools(is_constrained: bool) -> AnswerShape:
             index=result.index,
             message=ChatResponseMessage(content=content, tool_calls=calls or None),
             finish_reason="tool_calls" if calls else result.finish_reason,
+            logprobs=_chat_logprobs_model(result.logprobs),
         )
 
     return AnswerShape(
@@ -197,7 +272,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             request,
             service,
             job,
-            _COMPLETION,
+            _completion_shape(),
             is_stream=body.stream,
             is_usage_streamed=body.is_usage_streamed,
         )

@@ -18,7 +18,7 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
-from protocol.generation import FinishReason, GenerationConfig, Usage
+from protocol.generation import FinishReason, GenerationConfig, TokenLogprob, Usage
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.metrics import ServerMetrics
 from server.common.prompting import PromptProcessor
@@ -54,6 +54,8 @@ class ChoiceResult:
     text_parts: list[str] = field(default_factory=list)
     num_tokens: int = 0
     finish_reason: FinishReason | None = None
+    #: One entry per generated token when the request asked for logprobs, else None.
+    logprobs: list[TokenLogprob] | None = None
 
     @property
     def text(self) -> str:
@@ -140,6 +142,13 @@ class GenerationService:
         """
         self.prompts.check_token_ids(config.stop_token_ids, "stop_token_ids")
         self.prompts.check_token_ids(list(config.logit_bias), "logit_bias")
+        if config.logprobs is not None and not self.backend.is_logprobs_supported:
+            raise APIError(
+                400,
+                f"'logprobs' is not supported by this {self.backend.kind.replace('_', '-')} "
+                "server; it is served by the continuous-batching server",
+                param="logprobs",
+            )
         constraint = self._output_constraint(config)
         limits = [self.prompts.max_new_tokens_for(len(ids), config) for ids in prompts]
         if len(set(limits)) == 1:
@@ -290,6 +299,10 @@ class GenerationService:
                 result = results.setdefault(delta.index, ChoiceResult(delta.index))
                 result.text_parts.append(delta.text)
                 result.num_tokens += delta.num_new_tokens
+                if delta.logprobs is not None:
+                    if result.logprobs is None:
+                        result.logprobs = []
+                    result.logprobs.extend(delta.logprobs)
                 if delta.finish_reason is not None:
                     result.finish_reason = delta.finish_reason
         return [results[i] for i in sorted(results)]

@@ -111,10 +111,14 @@ class Decoder:
         result = StepTokens(outputs=step.outputs)
         for batch, tokens in step.batches:
             token_lists = self.sampler.read_tokens(tokens)
+            asks = any(p.logprobs is not None for rows in batch for p in rows.params)
+            logprob_lists = self.sampler.read_logprobs(tokens) if asks else []
             start = 0
             for rows in batch:
-                mine = token_lists[start : start + len(rows.row_index)]
-                start += len(rows.row_index)
+                end = start + len(rows.row_index)
+                mine = token_lists[start:end]
+                my_logprobs = logprob_lists[start:end]
+                start = end
                 group = rows.entry.group
                 pairs: list[tuple[Sequence, int]] = []
                 try:
@@ -125,7 +129,7 @@ class Decoder:
                     result.outputs.append(self._fail(group, exc))
                     continue
                 if pairs:
-                    result.groups.append(GroupTokens(group, pairs))
+                    result.groups.append(GroupTokens(group, pairs, my_logprobs[: len(pairs)]))
                 if all(seq.is_finished for seq in group.seqs):
                     result.finished.append(group)
         return result
@@ -137,8 +141,9 @@ class Decoder:
             group = entry.group
             output = RequestOutput(group.request_id)
             try:
-                for seq, token in entry.tokens:
-                    output.deltas.append(self.text.token_delta(group, seq, token))
+                for j, (seq, token) in enumerate(entry.tokens):
+                    logprobs = entry.logprobs[j] if entry.logprobs else None
+                    output.deltas.append(self.text.token_delta(group, seq, token, logprobs))
             except Exception as exc:
                 outputs.append(self._fail(group, exc))
                 continue

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from server.common.backend import TextDelta
 from server.continuous_batching.beam_search import BeamCandidate
-from server.continuous_batching.row_params import RowParams
+from server.continuous_batching.row_params import RowLogprobs, RowParams
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 if TYPE_CHECKING:  # annotations only: this module stays free of torch
@@ -42,6 +42,10 @@ class TokenSampler(Protocol):
 
     def read_tokens(self, tokens: Any) -> list[int]:
         """The tokens a :meth:`sample` handle stands for (waits for the device)."""
+
+    def read_logprobs(self, tokens: Any) -> list[RowLogprobs | None]:
+        """Per row of a handle :meth:`read_tokens` read, its logprobs (None where the row
+        did not ask); called only when a row asked, after :meth:`read_tokens`, no sync."""
 
     def beam_candidates(
         self,
@@ -99,6 +103,8 @@ class GroupTokens:
 
     group: SequenceGroup
     tokens: list[tuple[Sequence, int]]
+    #: Aligned with ``tokens`` when a row of the step asked for logprobs, else empty.
+    logprobs: list[RowLogprobs | None] = field(default_factory=list)
 
 
 @dataclass

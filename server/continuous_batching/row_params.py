@@ -16,7 +16,11 @@ from protocol.generation import GenerationConfig
 if TYPE_CHECKING:  # annotations only: this module stays free of torch
     import torch
 
-__all__ = ["RowParams"]
+__all__ = ["RowLogprobs", "RowParams"]
+
+#: One row's logprobs as the sampler reads them back: the chosen token's logprob (float32
+#: values, -inf kept) and its likeliest ``(token id, logprob)`` pairs, best first.
+RowLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass
@@ -44,6 +48,10 @@ class RowParams:
     num_prompt_tokens: int = 0
     # The sequence's output grammar (structured output): the sampler masks the row by it.
     grammar: Any = None
+    # None: no logprobs; N: the chosen token's logprob and the N likeliest, of the raw logits
+    # ("raw") or of the scores the token was chosen from ("processed").
+    logprobs: int | None = None
+    logprobs_mode: str = "raw"
 
     @classmethod
     def from_generation_config(
@@ -80,6 +88,8 @@ class RowParams:
             banned_token_ids=list(banned_token_ids or []),
             penalty_token_ids=penalty_token_ids if uses_token_ids else None,
             num_prompt_tokens=num_prompt_tokens,
+            logprobs=config.logprobs,
+            logprobs_mode=config.logprobs_mode,
         )
 
     @property

@@ -25,11 +25,17 @@ Beam search takes its log-probs here too (:func:`beam_log_probs`), and the one b
 needs all of them, the best continuations over every beam and token
 (:func:`top_beam_candidates`); the rest of beam search is plain Python. :class:`LogitsSampler`
 is what the decoder calls: row indices and parameters in, plain tokens and candidates out.
+
+Logprobs (:func:`token_logprobs`): for the rows that ask (``RowParams.logprobs``) and only
+those, ``log_softmax`` in float32 of the raw logits, or of the processed scores the token was
+chosen from (``logprobs_mode`` ``"processed"``), gathered at the chosen token, with the top-N;
+they come back with the tokens in the step's one device-to-host copy (:class:`SampledTokens`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -45,17 +51,19 @@ from server.continuous_batching.logits_processing import (
     apply_top_p,
     apply_typical_p,
 )
-from server.continuous_batching.row_params import RowParams
+from server.continuous_batching.row_params import RowLogprobs, RowParams
 from server.continuous_batching.step_upload import host_to_device, to_device
 
 __all__ = [
     "LogitsSampler",
     "RowParams",
+    "SampledTokens",
     "beam_log_probs",
     "make_generator",
     "process_logits",
     "sample",
     "select_rows",
+    "token_logprobs",
     "top_beam_candidates",
 ]
 
@@ -242,12 +250,15 @@ def _exponential_noise(
     return noise.clamp_min_(torch.finfo(torch.float32).tiny)
 
 
-def sample(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
-    """Next token ids ``[R]`` (long) for logits ``[R, V]``, each row by its own parameters."""
+def _choose(
+    logits: torch.Tensor, rows: list[RowParams]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Next token ids ``[R]`` and the processed scores they were chosen from (None when no
+    row processes its logits: the scores are the logits then)."""
     if not any(row.processes_logits for row in rows):
         if logits.shape[0] != len(rows):
             raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
-        return logits.argmax(dim=-1)
+        return logits.argmax(dim=-1), None
     scores = process_logits(logits, rows)
     next_tokens = scores.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if row.samples]
@@ -256,7 +267,84 @@ def sample(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
         probs = torch.softmax(scores[index], dim=-1)
         noise = _exponential_noise(tuple(probs.shape), [rows[i] for i in sampled], scores.device)
         next_tokens[index] = (probs / noise).argmax(dim=-1)
-    return next_tokens
+    return next_tokens, scores
+
+
+def sample(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
+    """Next token ids ``[R]`` (long) for logits ``[R, V]``, each row by its own parameters."""
+    return _choose(logits, rows)[0]
+
+
+def token_logprobs(
+    logits: torch.Tensor,
+    scores: torch.Tensor | None,
+    tokens: torch.Tensor,
+    rows: list[RowParams],
+) -> tuple[list[int], list[int], torch.Tensor]:
+    """The logprobs of the rows that ask for them, still on the device.
+
+    Returns the positions of those rows, their top-N counts, and a float32 table
+    ``[len(positions), 1 + 2 * max N]``: the chosen token's logprob, the top-N logprobs (best
+    first), then the top-N ids (exact in float32 below 2**24). The log-softmax runs over the
+    asking rows only, in float32: of the raw ``logits`` (mode ``"raw"``), or of ``scores``
+    (mode ``"processed"``; the logits when ``scores`` is None, as nothing processed them).
+    """
+    asking = [i for i, row in enumerate(rows) if row.logprobs is not None]
+    counts = [rows[i].logprobs or 0 for i in asking]
+    device = logits.device
+    # Every row asking (the common case of one request alone) needs no gather of rows.
+    index = None if len(asking) == logits.shape[0] else _index(asking, device)
+
+    def pick(tensor: torch.Tensor) -> torch.Tensor:
+        return tensor if index is None else tensor.index_select(0, index)
+
+    # Never written to in place: the logits serve the step's beam groups after this.
+    source = pick(logits).to(torch.float32)
+    processed = [rows[i].logprobs_mode == "processed" for i in asking]
+    if any(processed) and scores is not None:
+        if all(processed):
+            source = pick(scores)
+        else:
+            is_processed = to_device(processed, torch.bool, device).unsqueeze(1)
+            source = torch.where(is_processed, pick(scores), source)
+    log_probs = torch.log_softmax(source, dim=-1)
+    columns = [log_probs.gather(1, pick(tokens).unsqueeze(1))]
+    top_n = max(counts)
+    if top_n:
+        values, ids = torch.topk(log_probs, k=min(top_n, log_probs.shape[-1]), dim=-1)
+        columns += [values, ids.to(torch.float32)]
+    return asking, counts, torch.cat(columns, dim=1)
+
+
+@dataclass
+class SampledTokens:
+    """A step's tokens queued with the logprobs of the rows that asked (see
+    :func:`token_logprobs`), read back together by :meth:`LogitsSampler.read_tokens`."""
+
+    tokens: torch.Tensor
+    positions: list[int]
+    counts: list[int]
+    table: torch.Tensor
+    #: Filled by ``read_tokens``: per row, its logprobs or None.
+    host: list[RowLogprobs | None] | None = None
+
+    def read(self) -> list[int]:
+        """The tokens, and the logprobs into :attr:`host`, in one device-to-host copy (a
+        float64 vector holds every token id and float32 value exactly)."""
+        num_rows = self.tokens.shape[0]
+        flat = torch.cat(
+            (self.tokens.to(torch.float64), self.table.to(torch.float64).flatten())
+        ).tolist()
+        tokens = [int(t) for t in flat[:num_rows]]
+        width = self.table.shape[1]
+        top_n = (width - 1) // 2
+        host: list[RowLogprobs | None] = [None] * num_rows
+        for j, (position, count) in enumerate(zip(self.positions, self.counts, strict=True)):
+            row = flat[num_rows + j * width : num_rows + (j + 1) * width]
+            values, ids = row[1 : 1 + top_n], row[1 + top_n :]
+            host[position] = (row[0], [(int(ids[k]), values[k]) for k in range(count)])
+        self.host = host
+        return tokens
 
 
 def top_beam_candidates(
@@ -312,13 +400,27 @@ class LogitsSampler:
 
     def sample(
         self, logits: torch.Tensor, row_index: list[int], params: list[RowParams]
-    ) -> torch.Tensor:
-        """The next token of each row ``row_index`` of ``logits``, queued on the device."""
-        return sample(select_rows(logits, row_index), params)
+    ) -> torch.Tensor | SampledTokens:
+        """The next token of each row ``row_index`` of ``logits``, queued on the device (with
+        the logprobs of the rows that ask for them: rows that do not cost nothing more)."""
+        selected = select_rows(logits, row_index)
+        if all(row.logprobs is None for row in params):
+            return sample(selected, params)
+        tokens, scores = _choose(selected, params)
+        return SampledTokens(tokens, *token_logprobs(selected, scores, tokens, params))
 
-    def read_tokens(self, tokens: torch.Tensor) -> list[int]:
-        """Tokens queued by :meth:`sample`, read back."""
+    def read_tokens(self, tokens: torch.Tensor | SampledTokens) -> list[int]:
+        """Tokens queued by :meth:`sample`, read back (their logprobs with them)."""
+        if isinstance(tokens, SampledTokens):
+            return tokens.read()
         return tokens.tolist()
+
+    def read_logprobs(self, tokens: torch.Tensor | SampledTokens) -> list[RowLogprobs | None]:
+        """Per row of a :meth:`read_tokens` handle, its logprobs (None: it did not ask); read
+        back with the tokens already, so no further sync."""
+        if isinstance(tokens, SampledTokens) and tokens.host is not None:
+            return tokens.host
+        return [None] * int(tokens.shape[0])
 
     def beam_candidates(
         self,

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from protocol.generation import MIN_LOGPROB, TokenLogprob, TopLogprob
 from server.common.backend import TextDelta
 from server.common.detokenizer import IncrementalDetokenizer
 from server.continuous_batching.block_manager import BlockManager
+from server.continuous_batching.row_params import RowLogprobs
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 __all__ = ["TextDeltaMaker"]
@@ -28,16 +30,48 @@ class TextDeltaMaker:
     def __init__(self, tokenizer: Any, block_manager: BlockManager) -> None:
         self.tokenizer = tokenizer
         self.block_manager = block_manager
+        # Each token's text alone, decoded once (logprobs name tokens by their text).
+        self._token_texts: dict[int, str] = {}
+
+    def token_text(self, token_id: int) -> str:
+        """``token_id``'s text alone (special tokens included), cached."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self._token_texts[token_id] = self.tokenizer.decode(
+                [token_id], skip_special_tokens=False
+            )
+        return text
+
+    def token_logprob(self, token: int, logprobs: RowLogprobs) -> TokenLogprob:
+        """The answer's entry for ``token`` from the sampler's values; -inf (a token that
+        the processing removed) becomes ``MIN_LOGPROB``, as JSON has no infinity."""
+        chosen, top = logprobs
+        return TokenLogprob(
+            token_id=token,
+            token=self.token_text(token),
+            logprob=max(chosen, MIN_LOGPROB),
+            top_logprobs=[
+                TopLogprob(token_id=t, token=self.token_text(t), logprob=max(v, MIN_LOGPROB))
+                for t, v in top
+            ],
+        )
 
     def new_detokenizer(self, group: SequenceGroup) -> IncrementalDetokenizer:
         """A detokenizer that cuts at the request's stop strings."""
         return IncrementalDetokenizer(self.tokenizer, group.config.stop)
 
-    def token_delta(self, group: SequenceGroup, seq: Sequence, token: int) -> TextDelta:
+    def token_delta(
+        self,
+        group: SequenceGroup,
+        seq: Sequence,
+        token: int,
+        logprobs: RowLogprobs | None = None,
+    ) -> TextDelta:
         """The choice's delta for ``token`` (appended already); a stop string ends it.
 
         A stop id adds no text (it is not part of the answer); a finished sequence flushes
-        what its detokenizer held back.
+        what its detokenizer held back. ``logprobs`` (the request asked) ride on the delta of
+        their token, whether or not its text comes now.
         """
         if seq.detokenizer is None:
             seq.detokenizer = self.new_detokenizer(group)
@@ -56,6 +90,7 @@ class TextDeltaMaker:
             num_new_tokens=1,
             finish_reason=seq.finish_reason,
             token_ids=[token],
+            logprobs=None if logprobs is None else [self.token_logprob(token, logprobs)],
         )
 
     def beam_deltas(

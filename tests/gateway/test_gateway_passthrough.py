@@ -22,7 +22,7 @@ from tests.gateway.fake_model_server import FakeServerSettings, start_fake_serve
 from tests.support.servers import ServerThread, start_gateway, stop_all
 from utils.errors import APIError
 
-#: A chat with every field our own servers refuse today, and one nobody knows.
+#: A chat with fields the gateway does not route by (tools, logprobs, ...), and one nobody knows.
 TOOLS_CHAT: dict[str, Any] = {
     "model": "m",
     "messages": [{"role": "user", "content": "Weather in Paris?"}],
@@ -43,6 +43,8 @@ TOOLS_CHAT: dict[str, Any] = {
     "logit_bias": {"42": -100},
     "some_future_field": {"nested": [1, 2]},
 }
+#: The same with a value our protocol refuses (top_logprobs beyond OpenAI's 0..20).
+REFUSED_CHAT: dict[str, Any] = {**TOOLS_CHAT, "top_logprobs": 21}
 
 
 @pytest.fixture(params=["first", "fallback"])
@@ -98,12 +100,13 @@ def test_our_servers_answer_for_themselves(tmp_path: Path) -> None:
     settings = FakeServerSettings(model_id="m", name="A", kind="continuous_batching")
     server = start_fake_server(settings)
     gateway = start_gateway(tmp_path, continuous_batching_server_urls=[server.url])
+    refusable = REFUSED_CHAT  # our servers refuse it; the gateway does not judge it
     try:
-        answer = gateway.http.post("/v1/chat/completions", json=TOOLS_CHAT)
+        answer = gateway.http.post("/v1/chat/completions", json=refusable)
         assert answer.status_code == 400, answer.text
-        assert settings.requests[-1][1] == TOOLS_CHAT  # forwarded as it came
+        assert settings.requests[-1][1] == refusable  # forwarded as it came
         # Only the routing fields are the gateway's: a malformed one is refused at once.
-        refused = gateway.http.post("/v1/chat/completions", json={**TOOLS_CHAT, "model": 5})
+        refused = gateway.http.post("/v1/chat/completions", json={**refusable, "model": 5})
         assert refused.status_code == 400 and refused.json()["error"]["param"] == "model"
         assert len(settings.requests) == 1
     finally:
@@ -139,7 +142,7 @@ async def test_kinds_that_translate_decline_what_they_cannot_read() -> None:
     for backend in (triton, engine):  # as after a good heartbeat
         backend.health.is_healthy, backend.health.model_ids = True, ["m"]
     registry = BackendRegistry([triton, engine])
-    tools = _request(TOOLS_CHAT)
+    tools = _request(REFUSED_CHAT)
     assert registry.candidates(tools) == [engine]
     refusal = tools.plans[triton]
     assert refusal.error is not None and refusal.error.status_code == 400
@@ -152,7 +155,7 @@ async def test_kinds_that_translate_decline_what_they_cannot_read() -> None:
 
     registry.refresh_if_stale = no_refresh  # type: ignore[method-assign]
     with pytest.raises(APIError) as exc_info:
-        await router.select(_request(TOOLS_CHAT))
+        await router.select(_request(REFUSED_CHAT))
     assert exc_info.value.status_code == 400
     # A body our protocol reads goes to the Triton server, translated.
     plain = _request({"model": "m", "prompt": "hi", "max_tokens": 3}, "/v1/completions")

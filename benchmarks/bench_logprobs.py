@@ -1,0 +1,76 @@
+"""What logprobs cost per decode step: the CB sampler's token choice and read-back for a batch
+of greedy rows, none asking for logprobs, and every row asking for its token's logprob and the
+top 5 (raw mode).
+
+The script times :class:`server.continuous_batching.sampler.LogitsSampler`'s ``sample`` plus
+``read_tokens`` (the step's one device-to-host copy, which carries the logprobs too) on random
+logits of the default model's width (49152) at each batch size, and prints the medians as JSON.
+
+Run: ``.venv/bin/python benchmarks/bench_logprobs.py [--batches 1 32] [--steps 40] [--top 5]
+[--threads 1]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from server.continuous_batching.row_params import RowParams  # noqa: E402
+from server.continuous_batching.sampler import LogitsSampler  # noqa: E402
+
+VOCAB_SIZE = 49152
+
+
+def _time_steps(num_rows: int, num_steps: int, top: int | None) -> float:
+    """Median milliseconds of one ``sample`` + ``read_tokens`` (+ ``read_logprobs``)."""
+    sampler = LogitsSampler()
+    rows = [RowParams(logprobs=top) for _ in range(num_rows)]
+    row_index = list(range(num_rows))
+    timings = []
+    for _ in range(num_steps):
+        logits = torch.randn(num_rows, VOCAB_SIZE)
+        start = time.perf_counter()
+        handle = sampler.sample(logits, row_index, rows)
+        sampler.read_tokens(handle)
+        if top is not None:
+            sampler.read_logprobs(handle)
+        timings.append(time.perf_counter() - start)
+    return 1000 * statistics.median(timings)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--top", type=int, default=5)
+    # On a shared machine torch's thread pool waits for busy cores (some 8 ms an op here
+    # while other work ran); one thread measures the ops themselves.
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    results = []
+    for num_rows in args.batches:
+        plain = _time_steps(num_rows, args.steps, None)
+        asking = _time_steps(num_rows, args.steps, args.top)
+        results.append(
+            {
+                "batch": num_rows,
+                "plain_ms": round(plain, 3),
+                "logprobs_ms": round(asking, 3),
+                "extra_ms": round(asking - plain, 3),
+            }
+        )
+    print(json.dumps({"top": args.top, "vocab": VOCAB_SIZE, "results": results}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""Logprobs through the gateway with the ``openai`` SDK on the CB server: chat ``logprobs`` with
+``top_logprobs`` (whole and streamed: a greedy stream's entries are the whole answer's),
+completions ``logprobs``, the native ``generation_config.logprobs``; the 400s naming the field
+(bounds, ``top_logprobs`` without ``logprobs``, beam search, the SB server)."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from tests.support.default_model import DEMO_QUESTION, MODEL_ID
+from tests.support.servers import ServerThread, start_gateway
+
+ASK = [{"role": "user", "content": DEMO_QUESTION}]
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[Any]:
+    server = start_gateway(
+        tmp_path_factory.mktemp("logprobs"), continuous_batching_server_urls=[cb_server.url]
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gateway: Any) -> Iterator[Any]:
+    sdk = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=120)
+    yield sdk
+    sdk.close()
+
+
+def _entries(content: list[Any]) -> list[tuple[str, float, list[tuple[str, float]]]]:
+    return [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in content]
+
+
+def test_chat_logprobs_whole_and_streamed(client: Any) -> None:
+    options = {"model": MODEL_ID, "messages": ASK, "max_tokens": 8, "temperature": 0}
+    answer = client.chat.completions.create(**options, logprobs=True, top_logprobs=3)
+    choice = answer.choices[0]
+    content = choice.logprobs.content
+    assert len(content) == answer.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0.0 and len(entry.top_logprobs) == 3
+        assert bytes(entry.bytes).decode("utf-8") == entry.token
+        # Greedy: the chosen token is the likeliest.
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob)
+        assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
+    # One entry per generated token, the stop id (no text in the answer) included.
+    assert "".join(e.token for e in content) == choice.message.content + "<|im_end|>"
+    streamed = []
+    for chunk in client.chat.completions.create(
+        **options, logprobs=True, top_logprobs=3, stream=True
+    ):
+        if chunk.choices and chunk.choices[0].logprobs:
+            streamed += chunk.choices[0].logprobs.content
+    assert _entries(streamed) == _entries(content)
+    plain = client.chat.completions.create(**options)
+    assert plain.choices[0].logprobs is None
+    assert plain.choices[0].message.content == choice.message.content
+
+
+def test_completions_logprobs(client: Any) -> None:
+    answer = client.completions.create(
+        model=MODEL_ID, prompt="The capital of France is", max_tokens=6, temperature=0, logprobs=2
+    )
+    choice = answer.choices[0]
+    logprobs = choice.logprobs
+    assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 6
+    assert all(len(top) <= 2 for top in logprobs.top_logprobs)
+    assert all(math.isfinite(v) and v <= 0 for v in logprobs.token_logprobs)
+    assert "".join(logprobs.tokens) == choice.text
+    assert logprobs.text_offset[0] == 0
+    assert logprobs.text_offset[-1] == len(choice.text) - len(logprobs.tokens[-1])
+
+
+def test_native_generate_logprobs(gateway: Any) -> None:
+    body = {
+        "model": MODEL_ID,
+        "prompt": "The capital of France is",
+        "generation_config": {"max_new_tokens": 5, "logprobs": 2},
+    }
+    answer = gateway.http.post("/generate", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    (choice,) = answer.json()["choices"]
+    assert len(choice["logprobs"]) == 5
+    for entry in choice["logprobs"]:
+        assert set(entry) == {"token_id", "token", "logprob", "top_logprobs"}
+        assert len(entry["top_logprobs"]) == 2
+        assert entry["top_logprobs"][0]["token_id"] == entry["token_id"]
+    streamed = []
+    with gateway.http.stream(
+        "POST", "/generate", json={**body, "stream": True}, timeout=60
+    ) as events:
+        for line in events.iter_lines():
+            if line.startswith("data: {"):
+                for streamed_choice in json.loads(line[6:])["choices"]:
+                    streamed += streamed_choice.get("logprobs") or []
+    assert streamed == choice["logprobs"]
+
+
+def test_bad_logprobs_requests_are_400s(client: Any) -> None:
+    chat = {"model": MODEL_ID, "messages": ASK, "max_tokens": 4}
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(**chat, logprobs=True, top_logprobs=21)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs"):
+        client.chat.completions.create(**chat, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="logprobs"):
+        client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=4, logprobs=6)
+    with pytest.raises(openai.BadRequestError, match="beam search"):
+        client.chat.completions.create(
+            **chat, n=2, logprobs=True, extra_body={"use_beam_search": True}
+        )
+
+
+def test_the_static_batching_server_says_it_cannot(sb_server: ServerThread) -> None:
+    body = {"messages": ASK, "max_tokens": 4, "logprobs": True}
+    answer = sb_server.http.post("/v1/chat/completions", json=body, timeout=60)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "logprobs" and "continuous-batching" in error["message"]
+
+
+def test_gateway_translations_decline_native_logprobs() -> None:
+    """A Triton server has no logprobs output and an OpenAI upstream answers them in another
+    shape: a native request asking for them goes to neither (rather than losing them)."""
+    from client.backends.native_to_openai import upstream_unsupported_fields
+    from client.triton.protocol import TritonGenerateRequest
+    from protocol.generation import GenerateRequest
+
+    request = GenerateRequest(prompt="Hi", generation_config={"logprobs": 2})
+    assert "generation_config.logprobs" in upstream_unsupported_fields(request)
+    with pytest.raises(ValueError, match="logprobs"):
+        TritonGenerateRequest.from_generate_request(request, "Hi", default_max_tokens=4)
