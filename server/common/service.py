@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -33,6 +34,8 @@ from utils.connection_limits import ConnectionLimits
 from utils.errors import APIError
 from utils.http import prime, run_unless_disconnected, sse_response
 from utils.sse import ChunkEncoder, encode_event
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -108,9 +111,21 @@ class GenerationService:
         #: Structured output's grammars, compiled once per schema; built here, while the app
         #: is built (it walks the vocabulary once: about 0.3 s for 49k tokens), not in a request.
         self.grammars: GrammarCompiler | None = None
+        #: Why structured output is not served here (None when it is).
+        self.no_grammar_reason: str | None = (
+            f"this {backend.kind.replace('_', '-')} server does not mask its steps; the "
+            "continuous-batching server does"
+        )
         if backend.is_structured_output_supported:
             eos = getattr(backend.tokenizer, "eos_token_id", None)
-            self.grammars = GrammarCompiler(backend.tokenizer, eos_token_ids=[eos] if eos else None)
+            try:
+                self.grammars = GrammarCompiler(
+                    backend.tokenizer, eos_token_ids=[eos] if isinstance(eos, int) else None
+                )
+                self.no_grammar_reason = None
+            except Exception as exc:  # e.g. a slow tokenizer: llguidance reads fast ones only
+                self.no_grammar_reason = f"this model's tokenizer cannot drive it ({exc})"
+                logger.warning("structured output is off: %s", self.no_grammar_reason)
 
     @property
     def model_id(self) -> str:
@@ -179,9 +194,8 @@ class GenerationService:
         if self.grammars is None:
             raise APIError(
                 400,
-                f"structured output ('response_format' json_object or json_schema) is not "
-                f"supported by this {self.backend.kind.replace('_', '-')} server; the "
-                "continuous-batching server supports it",
+                "structured output ('response_format' json_object or json_schema, or a "
+                f"forced tool call) is not available: {self.no_grammar_reason}",
                 param="response_format",
             )
         constraint = OutputConstraint.json_schema(config.json_schema)

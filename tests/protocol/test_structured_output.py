@@ -103,3 +103,41 @@ def test_the_mask_touches_its_rows_only(compiler: GrammarCompiler) -> None:
     # A fork follows its own path.
     fork = matcher.fork()
     assert not fork.is_finished
+
+
+def test_a_tokenizer_llguidance_cannot_read_turns_the_feature_off(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A server whose tokenizer llguidance cannot read (a slow one) still starts; requests
+    for structured output get a 400 that says why."""
+    from types import SimpleNamespace
+
+    from protocol.generation import GenerationConfig
+    from protocol.health import LoadReport
+    from server.common.metrics import ServerMetrics
+    from server.common.request_context import RequestRecord
+    from server.common.service import GenerationService, ServingSettings
+    from utils.errors import APIError
+
+    class SlowTokenizer:  # not a transformers fast tokenizer
+        eos_token_id = 2
+        chat_template = None
+
+        def __len__(self) -> int:
+            return 10
+
+    slow_tokenizer = SlowTokenizer()
+    backend = SimpleNamespace(
+        kind="continuous_batching",
+        tokenizer=slow_tokenizer,
+        max_model_len=64,
+        is_structured_output_supported=True,
+    )
+    settings = ServingSettings(served_model_names=["m"])
+    service = GenerationService(backend, settings, ServerMetrics(LoadReport))  # type: ignore[arg-type]
+    assert service.grammars is None and "tokenizer" in (service.no_grammar_reason or "")
+    assert "structured output is off" in caplog.text
+    config = GenerationConfig(max_new_tokens=4, json_schema={"type": "object"})
+    with pytest.raises(APIError) as refused:
+        service.make_job("r", [[1, 2]], config, RequestRecord(request_id="r", endpoint="/x"))
+    assert refused.value.status_code == 400 and "tokenizer" in refused.value.message
