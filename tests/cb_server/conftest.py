@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import openai
 import pytest
 
 from server.common.app import create_server_app
@@ -14,7 +16,7 @@ from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
-from tests.support.servers import ServerThread
+from tests.support.servers import ServerThread, start_gateway
 
 
 @pytest.fixture(scope="module")
@@ -25,3 +27,21 @@ def cb_server(default_model_path: Path, cb_runner: ModelRunner) -> Iterator[Serv
     server = ServerThread(create_server_app(AsyncEngine(engine, MODEL_ID), settings))
     yield server.start(timeout_seconds=60)
     server.stop()
+
+
+@pytest.fixture(scope="module")
+def gateway(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[Any]:
+    """A gateway in front of this module's CB server."""
+    server = start_gateway(
+        tmp_path_factory.mktemp("gateway"), continuous_batching_server_urls=[cb_server.url]
+    )
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def client(gateway: ServerThread) -> Iterator[Any]:
+    """The ``openai`` SDK on that gateway (no retries: a failure shows as it is)."""
+    sdk = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=120)
+    yield sdk
+    sdk.close()

@@ -7,32 +7,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
-from tests.support.servers import ServerThread, start_gateway
+from tests.support.servers import ServerThread
 
 ASK = [{"role": "user", "content": DEMO_QUESTION}]
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[Any]:
-    server = start_gateway(
-        tmp_path_factory.mktemp("logprobs"), continuous_batching_server_urls=[cb_server.url]
-    )
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def client(gateway: Any) -> Iterator[Any]:
-    sdk = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=120)
-    yield sdk
-    sdk.close()
 
 
 def _entries(content: list[Any]) -> list[tuple[str, float, list[tuple[str, float]]]]:

@@ -5,7 +5,6 @@ against the schema (the engine masks every step's logits by the schema's grammar
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -13,7 +12,7 @@ import openai
 import pytest
 
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread, start_gateway
+from tests.support.servers import ServerThread
 
 PERSON: dict[str, Any] = {
     "type": "object",
@@ -36,17 +35,6 @@ PERSON: dict[str, Any] = {
     "additionalProperties": False,
 }
 ASK = [{"role": "user", "content": "Describe a user of a web site as JSON."}]
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[Any]:
-    gateway = start_gateway(
-        tmp_path_factory.mktemp("structured"), continuous_batching_server_urls=[cb_server.url]
-    )
-    sdk = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=120)
-    yield sdk
-    sdk.close()
-    gateway.stop()
 
 
 def _json_schema(schema: dict[str, Any]) -> dict[str, Any]:

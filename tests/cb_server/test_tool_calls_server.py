@@ -6,7 +6,6 @@ constrained to a valid call, calls in OpenAI's ``tool_calls`` (streamed and not)
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -14,7 +13,7 @@ import openai
 import pytest
 
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread, start_gateway
+from tests.support.servers import ServerThread
 
 WEATHER_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -49,17 +48,6 @@ TOOLS: list[dict[str, Any]] = [
     },
 ]
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def client(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[Any]:
-    gateway = start_gateway(
-        tmp_path_factory.mktemp("tools"), continuous_batching_server_urls=[cb_server.url]
-    )
-    sdk = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0, timeout=120)
-    yield sdk
-    sdk.close()
-    gateway.stop()
 
 
 def _check_call(call: Any, name: str | None = None) -> dict[str, Any]:
