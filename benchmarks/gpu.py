@@ -1,44 +1,79 @@
-"""GPU benchmark: output tok/s of the CB engine against transformers on random llama weights.
+"""GPU benchmark: the CB engine against transformers, like for like, beside the bandwidth floor.
 
-Run by hand on a GPU machine (not a test; the CPU only imports it and prints ``--help``):
+Run on a GPU machine from a plain checkout (no install needed; the default tokenizer folder
+``models/SmolLM2-135M-Instruct`` must be there, ``make model`` or the device tool's ``carry``):
 
-    .venv/bin/python benchmarks/gpu.py [--shapes 1b] [--batches 1 32 256] [--prompt-len 128]
-        [--new-tokens 128] [--dtype bfloat16] [--systems engine hf hf-compile]
-        [--enforce-eager] [--bandwidth-gbs 3000] [--out benchmarks/results/gpu.json]
+    python benchmarks/gpu.py [--shapes 1b 8b] [--batches 1 32 256] [--prompt-len 128]
+        [--new-tokens 128] [--decode-steps 50] [--dtype bfloat16]
+        [--systems engine hf-compile] [--enforce-eager] [--bandwidth-gbs 3350]
+        [--out benchmarks/results/gpu.json]
+
+and on a CPU as a smoke test (what ``tests/benchmarks/test_gpu_benchmark.py`` runs):
+
+    python benchmarks/gpu.py --shape tiny --device cpu --batches 2 --new-tokens 4 ...
 
 For each shape a random-initialised llama checkpoint is written to a temporary folder (no
-download: the tokenizer is the local default model's, whose vocabulary the shapes share), then
-each system generates ``--new-tokens`` greedy tokens (EOS ignored) for ``batch`` random prompts:
+download; the vocabulary is the default tokenizer's), then, one system after the other in this
+process (each freed before the next loads):
 
-* ``engine``: the CB engine (Triton kernels and CUDA graphs unless ``--enforce-eager``);
-* ``hf``: transformers ``generate`` on the whole batch (static batching, dynamic cache);
-* ``hf-compile``: the same with a static cache and ``torch.compile(mode="reduce-overhead")``.
+* ``engine``: the CB engine (Triton kernels and CUDA graphs unless ``--enforce-eager``), its
+  model, KV pool, graphs and tokenizer built **once**, outside every timing;
+* ``hf-compile``: transformers ``generate`` with its own static-cache compile path
+  (``cache_implementation="static"``: generate compiles the decode forward itself). If that
+  fails (torch 2.11 + transformers 5.17 crashed in CUDA graphs), the error is reported and the
+  row falls back to the static cache without compile (``compiled: false`` and ``fallback``);
+* ``hf-static`` (static cache, compile disabled) and ``hf`` (dynamic cache) on request.
 
-Each run is also timed with one new token; the difference gives the time of one decode step,
-reported beside its memory-bandwidth floor (weights + the batch's K/V read once per step at
-``--bandwidth-gbs``). Results go to a JSON file and a bar chart next to it.
+Per (shape, system, batch), greedy with EOS ignored, ``batch`` random prompts of
+``--prompt-len`` tokens, after one untimed warm-up run:
+
+* ``tok_s``: end to end, ``batch * new_tokens`` over the seconds of one whole run;
+* ``decode_step_ms``: the steady decode step. Engine: ``--decode-steps`` engine steps timed
+  after every prompt is prefilled (mean, with median/min/max). transformers (one ``generate``
+  call holds both phases): (run of ``new_tokens`` - run of 1 token) / (new_tokens - 1);
+* ``host_ms_per_step`` (engine): the host's own work per step, the step's wall time minus the
+  time it waited for the device in the step's token read (the one sync of a plain step);
+* ``bandwidth_floor_ms``: weights + the batch's K/V at the mean context read once per step, at
+  ``--bandwidth-gbs`` (default: the H100 SXM's 3,350 GB/s); ``floor_ratio`` = step / floor.
+
+Results: a JSON file (``--out``) and a plot next to it (when matplotlib imports; else a
+message says it was skipped).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
+import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
+    sys.path.insert(0, str(REPO_ROOT))
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_TOKENIZER = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 VOCAB_SIZE = 49152
 #: Llama shapes by name (the vocabulary is the default tokenizer's).
 SHAPES: dict[str, dict[str, int]] = {
+    "tiny": {  # CPU smoke test only
+        "hidden_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "intermediate_size": 128,
+    },
     "135m": {
         "hidden_size": 576,
         "num_hidden_layers": 30,
@@ -53,19 +88,27 @@ SHAPES: dict[str, dict[str, int]] = {
         "num_key_value_heads": 8,
         "intermediate_size": 8192,
     },
+    "8b": {  # Llama 3 8B's body: 16 GB of bf16 weights, fits one H100
+        "hidden_size": 4096,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "intermediate_size": 14336,
+    },
 }
-SYSTEMS = ("engine", "hf", "hf-compile")
-#: The engine's KV pool, fixed (``num_blocks``) so that transformers, run after it in the same
-#: process, still has room (``gpu_memory_utilization`` would hand the pool most of the GPU).
-KV_POOL_GIB = 16
+SYSTEMS = ("engine", "hf-compile", "hf-static", "hf")
+#: HBM bandwidth of an H100 SXM (GB/s), the default of ``--bandwidth-gbs``.
+H100_GBS = 3350.0
 BLOCK_SIZE = 16
 
 
 def build_checkpoint(
-    shape: str, dtype: torch.dtype, folder: Path, max_len: int
+    shape: str, dtype: torch.dtype, folder: Path, max_len: int, device: str
 ) -> tuple[Path, int]:
     """Write a random-initialised llama of ``shape`` to ``folder`` (safetensors + config);
-    returns the folder and the bytes of its weights (tied embeddings counted once)."""
+    returns the folder and the bytes of its weights (tied embeddings counted once).
+
+    Initialised on ``device`` (an 8B model initialises in seconds on a GPU, minutes on a CPU)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -75,192 +118,426 @@ def build_checkpoint(
         **SHAPES[shape],
     )
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).to(dtype)
+    with torch.device(device):
+        model = LlamaForCausalLM(config).to(dtype)
     model.save_pretrained(folder)
-    return folder, sum(p.numel() * p.element_size() for p in model.parameters())
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    del model
+    _free_memory(device)
+    return folder, weight_bytes
+
+
+def kv_bytes_per_token(shape: str, dtype: torch.dtype) -> int:
+    """K and V bytes one token takes over all layers."""
+    s = SHAPES[shape]
+    head_dim = s["hidden_size"] // s["num_attention_heads"]
+    return 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * head_dim * dtype.itemsize
+
+
+def bandwidth_floor_ms(
+    weight_bytes: int, kv_bytes_per_token: int, batch: int, context: float, gbs: float
+) -> float:
+    """The least time a decode step can take: every weight and cached K/V read once."""
+    return (weight_bytes + kv_bytes_per_token * batch * context) / (gbs * 1e9) * 1e3
 
 
 def random_prompts(batch: int, length: int) -> list[list[int]]:
+    """``batch`` prompts of ``length`` random token ids (seeded by the batch)."""
     gen = torch.Generator().manual_seed(batch)
     return torch.randint(100, VOCAB_SIZE, (batch, length), generator=gen).tolist()
 
 
-def timed(fn: Callable[[], object]) -> float:
-    """Seconds of one call, the GPU's queue drained before and after."""
-    torch.cuda.synchronize()
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _free_memory(device: str) -> None:
+    gc.collect()
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
+def timed(fn: Callable[[], object], device: str) -> float:
+    """Seconds of one call, the device's queue drained before and after."""
+    _sync(device)
     start = time.perf_counter()
     fn()
-    torch.cuda.synchronize()
+    _sync(device)
     return time.perf_counter() - start
 
 
-def engine_runner(path: Path, dtype: str, max_batch: int, enforce_eager: bool, num_blocks: int):
-    """One engine factory per shape: the model, KV pools and CUDA graphs are built once."""
-    from server.continuous_batching.engine import LLMEngine
-    from server.continuous_batching.engine_config import EngineConfig
-    from server.continuous_batching.model_runner import ModelRunner
+# -- the engine -----------------------------------------------------------------------------
 
-    config = EngineConfig.model_validate(
-        {
-            "model_loading_config": {
-                "model_name_or_path": str(path),
-                "tokenizer_name_or_path": str(DEFAULT_TOKENIZER),
-                "torch_dtype": dtype,
-                "device": "cuda",
-                "enforce_eager": enforce_eager,
-            },
-            "batcher_config": {"batch_max_tokens": 8192, "batch_max_beams": max_batch},
-            "cache_config": {
-                "num_blocks": num_blocks,
-                "block_size": BLOCK_SIZE,
-                "num_blocks_cpu": 0,
-            },
+
+class EngineBench:
+    """One engine (model, KV pool, CUDA graphs, tokenizer) built once for all batches."""
+
+    def __init__(self, path: Path, args: argparse.Namespace) -> None:
+        from server.continuous_batching.engine import LLMEngine
+        from server.continuous_batching.engine_config import EngineConfig
+        from server.continuous_batching.model_runner import ModelRunner
+
+        max_batch = max(args.batches)
+        per_seq = -(-(args.prompt_len + args.new_tokens + 1) // BLOCK_SIZE)
+        loading: dict[str, Any] = {
+            "model_name_or_path": str(path),
+            "tokenizer_name_or_path": str(args.tokenizer),
+            "torch_dtype": args.dtype,
+            "device": args.device,
+            "enforce_eager": args.enforce_eager,
         }
-    )
-    runner = ModelRunner(config)
-    return lambda: LLMEngine(config, runner=runner)
+        if args.device == "cpu":
+            loading["cpu_kernels"] = False  # smoke test: no C++ build
+        config = EngineConfig.model_validate(
+            {
+                "model_loading_config": loading,
+                "batcher_config": {
+                    "batch_max_tokens": max(8192, args.prompt_len),
+                    "batch_max_beams": max_batch,
+                },
+                # Sized to the largest batch (plus room), not to the GPU: transformers needs
+                # memory after the engine is freed, and a huge pool only slows start-up.
+                "cache_config": {
+                    "num_blocks": max_batch * per_seq + 64,
+                    "block_size": BLOCK_SIZE,
+                    "num_blocks_cpu": 0,
+                },
+            }
+        )
+        self.device = args.device
+        self.runner = ModelRunner(config)
+        self.engine = LLMEngine(config, runner=self.runner)
+        self.wait_seconds = 0.0
+        sampler = self.engine.decoder.sampler
+        read_tokens = sampler.read_tokens
+
+        def timed_read(tokens: Any) -> list[int]:
+            # The step's one wait for the device: its tokens read back.
+            start = time.perf_counter()
+            try:
+                return read_tokens(tokens)
+            finally:
+                self.wait_seconds += time.perf_counter() - start
+
+        sampler.read_tokens = timed_read  # instance attribute: the engine code is untouched
+
+    def close(self) -> None:
+        """Free the model, pools and graphs before transformers loads."""
+        del self.engine, self.runner
+        _free_memory(self.device)
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> None:
+        """Every prompt to ``new_tokens`` greedy tokens, EOS ignored."""
+        from protocol.generation import GenerationConfig
+
+        config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True)
+        results = self.engine.generate(prompts, [config] * len(prompts))
+        made = [sum(d.num_new_tokens for d in deltas) for deltas in results]
+        if made != [new_tokens] * len(prompts):
+            raise RuntimeError(f"the engine made {made} tokens, not {new_tokens} each")
+
+    def decode_steps(self, prompts: list[list[int]], args: argparse.Namespace) -> dict[str, Any]:
+        """Time ``args.decode_steps`` engine steps once every prompt is prefilled."""
+        from protocol.generation import GenerationConfig
+        from server.common.backend import SequenceRequest
+
+        config = GenerationConfig(max_new_tokens=args.new_tokens, ignore_eos=True)
+        ids = [f"steady-{i}" for i in range(len(prompts))]
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            self.engine.add_request(SequenceRequest(request_id, prompt, config))
+        started: set[str] = set()
+        steps_before = 0
+        while len(started) < len(ids):  # prefill (chunked or not) until each has a token
+            for output in self.engine.step():
+                if any(d.num_new_tokens for d in output.deltas):
+                    started.add(output.request_id)
+            steps_before += 1
+        times, host = [], []
+        for _ in range(args.decode_steps):
+            self.wait_seconds = 0.0
+            _sync(self.device)
+            start = time.perf_counter()
+            self.engine.step()
+            _sync(self.device)
+            elapsed = time.perf_counter() - start
+            times.append(elapsed)
+            host.append(elapsed - self.wait_seconds)
+        for request_id in ids:
+            self.engine.abort(request_id)
+        # Mean keys per sequence over the timed window: prompt, the first token, then one more
+        # per step (a token is written the step after it is sampled).
+        context = args.prompt_len + 1 + (args.decode_steps - 1) / 2 + (steps_before - 1)
+        ms = [t * 1e3 for t in times]
+        return {
+            "decode_step_ms": statistics.fmean(ms),
+            "decode_step_ms_median": statistics.median(ms),
+            "decode_step_ms_min": min(ms),
+            "decode_step_ms_max": max(ms),
+            "host_ms_per_step": statistics.fmean(h * 1e3 for h in host),
+            "host_ms_per_step_median": statistics.median(h * 1e3 for h in host),
+            "mean_context": context,
+        }
 
 
-def run_engine(make_engine, prompts: list[list[int]], new_tokens: int) -> None:
-    from protocol.generation import GenerationConfig
+def bench_engine(
+    path: Path, args: argparse.Namespace, floor: Callable[[int, float], float]
+) -> list[dict[str, Any]]:
+    """The engine's rows, one per batch."""
+    bench = EngineBench(path, args)
+    rows = []
+    try:
+        for batch in args.batches:
+            prompts = random_prompts(batch, args.prompt_len)
+            bench.generate(prompts, 2)  # warm-up: kernels compiled, buffers allocated
+            seconds = timed(lambda p=prompts: bench.generate(p, args.new_tokens), args.device)
+            steady = bench.decode_steps(prompts, args)
+            row = {
+                "system": "engine",
+                "batch": batch,
+                "tok_s": batch * args.new_tokens / seconds,
+                "seconds": seconds,
+                **steady,
+                "bandwidth_floor_ms": floor(batch, steady["mean_context"]),
+            }
+            rows.append(row)
+            _report(row)
+    finally:
+        bench.close()
+    return rows
 
-    config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True)
-    make_engine().generate(prompts, [config] * len(prompts))
+
+# -- transformers ---------------------------------------------------------------------------
 
 
-def hf_model(path: Path, dtype: torch.dtype, compiled: bool):
+def hf_model(path: Path, args: argparse.Namespace, system: str) -> Any:
+    """transformers' model, set up for ``system`` (static cache for all but plain ``hf``;
+    compiled by generate itself for ``hf-compile``, never wrapped in torch.compile here)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
-    if compiled:
+    dtype = getattr(torch, args.dtype)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=args.device)
+    model.eval()
+    if system != "hf":
         model.generation_config.cache_implementation = "static"
-        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    model.generation_config.disable_compile = system != "hf-compile"
     return model
 
 
-def run_hf(model, prompts: list[list[int]], new_tokens: int) -> None:
-    ids = torch.tensor(prompts, device="cuda")
+def run_hf(model: Any, prompts: list[list[int]], new_tokens: int) -> None:
+    """One greedy ``generate`` over the whole batch, exactly ``new_tokens`` each."""
+    ids = torch.tensor(prompts, device=model.device)
     with torch.inference_mode():
-        model.generate(
+        out = model.generate(
             ids,
             attention_mask=torch.ones_like(ids),
             do_sample=False,
             max_new_tokens=new_tokens,
             min_new_tokens=new_tokens,
         )
+    if out.shape[1] != ids.shape[1] + new_tokens:
+        raise RuntimeError(f"transformers made {out.shape[1] - ids.shape[1]} tokens")
 
 
-def bandwidth_floor_ms(
-    weight_bytes: int, kv_bytes_per_token: int, batch: int, context: int, gbs: float
-) -> float:
-    """The least time a decode step can take: every weight and cached K/V read once."""
-    return (weight_bytes + kv_bytes_per_token * batch * context) / (gbs * 1e9) * 1e3
-
-
-def measure(
-    run: Callable[[list[list[int]], int], None], batch: int, args: argparse.Namespace
-) -> dict[str, float]:
+def measure_hf(model: Any, batch: int, args: argparse.Namespace) -> dict[str, float]:
+    """End-to-end tok/s and the decode step of one batch (after a warm-up)."""
     prompts = random_prompts(batch, args.prompt_len)
-    run(prompts, 2)  # warm-up: kernels compiled, graphs captured, caches allocated
-    total = timed(lambda: run(prompts, args.new_tokens))
-    first = timed(lambda: run(prompts, 1))
+    run_hf(model, prompts, 2)  # warm-up: compiled, graphs captured, cache allocated
+    total = timed(lambda: run_hf(model, prompts, args.new_tokens), args.device)
+    first = timed(lambda: run_hf(model, prompts, 1), args.device)
     step_ms = (total - first) / max(1, args.new_tokens - 1) * 1e3
     return {"tok_s": batch * args.new_tokens / total, "seconds": total, "decode_step_ms": step_ms}
 
 
-def bench_shape(shape: str, args: argparse.Namespace, folder: Path) -> list[dict[str, object]]:
-    dtype = getattr(torch, args.dtype)
-    max_len = args.prompt_len + args.new_tokens + 16
-    path, weight_bytes = build_checkpoint(shape, dtype, folder / shape, max(max_len, 2048))
-    s = SHAPES[shape]
-    head_dim = s["hidden_size"] // s["num_attention_heads"]
-    kv_per_token = 2 * s["num_hidden_layers"] * s["num_key_value_heads"] * head_dim
-    kv_per_token *= dtype.itemsize
-    rows: list[dict[str, object]] = []
-    for system in args.systems:
-        if system == "engine":
-            num_blocks = KV_POOL_GIB * 2**30 // (kv_per_token * BLOCK_SIZE)
-            make = engine_runner(
-                path, args.dtype, max(args.batches), args.enforce_eager, num_blocks
-            )
-
-            def run(prompts: list[list[int]], n: int, make=make) -> None:
-                run_engine(make, prompts, n)
-        else:
-            model = hf_model(path, dtype, compiled=system == "hf-compile")
-
-            def run(prompts: list[list[int]], n: int, model=model) -> None:
-                run_hf(model, prompts, n)
-
+def bench_hf(
+    path: Path, args: argparse.Namespace, system: str, floor: Callable[[int, float], float]
+) -> list[dict[str, Any]]:
+    """transformers' rows for ``system``, one per batch. ``hf-compile`` falls back to the
+    static cache without compile, for this and the later batches, if compiling fails."""
+    model = hf_model(path, args, system)
+    compiled = system == "hf-compile" and args.device.startswith("cuda")
+    fallback: str | None = None
+    rows = []
+    context = args.prompt_len + args.new_tokens / 2
+    try:
         for batch in args.batches:
-            result = measure(run, batch, args)
-            context = args.prompt_len + args.new_tokens // 2
-            floor = bandwidth_floor_ms(
-                weight_bytes, kv_per_token, batch, context, args.bandwidth_gbs
-            )
-            row = {"shape": shape, "system": system, "batch": batch, **result}
-            row["bandwidth_floor_ms"] = floor
-            print(json.dumps(row), flush=True)
+            try:
+                result = measure_hf(model, batch, args)
+            except Exception as exc:  # noqa: BLE001 - any compile/graph failure falls back
+                if not compiled:
+                    raise
+                fallback = f"{type(exc).__name__}: {str(exc)[:400]}"
+                print(
+                    f"hf-compile failed at batch {batch} ({fallback}); falling back to the "
+                    "static cache WITHOUT compile for this and the later batches",
+                    flush=True,
+                )
+                compiled = False
+                model.generation_config.disable_compile = True
+                torch._dynamo.reset()
+                result = measure_hf(model, batch, args)
+            row = {"system": system, "batch": batch, **result, "compiled": compiled}
+            if fallback:
+                row["fallback"] = f"static cache without compile after: {fallback}"
+            row["bandwidth_floor_ms"] = floor(batch, context)
             rows.append(row)
-        torch.cuda.empty_cache()
+            _report(row)
+    finally:
+        del model
+        torch._dynamo.reset()
+        _free_memory(args.device)
     return rows
 
 
-def plot(rows: list[dict[str, object]], path: Path) -> None:
-    import matplotlib
+# -- driver ---------------------------------------------------------------------------------
 
+
+def _report(row: dict[str, Any]) -> None:
+    print(json.dumps(row), flush=True)
+
+
+def bench_shape(shape: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
+    """All systems' rows for one shape."""
+    dtype = getattr(torch, args.dtype)
+    max_len = max(args.prompt_len + args.new_tokens + 16, 2048)
+    path, weight_bytes = build_checkpoint(shape, dtype, folder / shape, max_len, args.device)
+    kv_per_token = kv_bytes_per_token(shape, dtype)
+
+    def floor(batch: int, context: float) -> float:
+        return bandwidth_floor_ms(weight_bytes, kv_per_token, batch, context, args.bandwidth_gbs)
+
+    rows: list[dict[str, Any]] = []
+    for system in args.systems:
+        if system == "engine":
+            rows += bench_engine(path, args, floor)
+        else:
+            rows += bench_hf(path, args, system, floor)
+    for row in rows:
+        row["shape"] = shape
+        row["weight_bytes"] = weight_bytes
+        row["floor_ratio"] = row["decode_step_ms"] / row["bandwidth_floor_ms"]
+    return rows
+
+
+def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Engine tok/s over each transformers system's, per shape and batch."""
+    out = []
+    engine = {(r["shape"], r["batch"]): r for r in rows if r["system"] == "engine"}
+    for r in rows:
+        mine = engine.get((r["shape"], r["batch"]))
+        if r["system"] != "engine" and mine is not None:
+            out.append(
+                {
+                    "shape": r["shape"],
+                    "batch": r["batch"],
+                    "versus": r["system"],
+                    "tok_s_ratio": mine["tok_s"] / r["tok_s"],
+                    "decode_step_ratio": r["decode_step_ms"] / mine["decode_step_ms"],
+                }
+            )
+    return out
+
+
+def plot(rows: list[dict[str, Any]], path: Path) -> bool:
+    """tok/s and decode step (beside the floor) per shape, batch and system; False (with a
+    message) when matplotlib is not installed."""
+    try:
+        import matplotlib
+    except ImportError:
+        print("matplotlib is not installed: plot skipped", flush=True)
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     shapes = sorted({str(r["shape"]) for r in rows})
-    fig, axes = plt.subplots(1, len(shapes), figsize=(6 * len(shapes), 4), squeeze=False)
-    for ax, shape in zip(axes[0], shapes, strict=True):
+    fig, axes = plt.subplots(2, len(shapes), figsize=(6 * len(shapes), 8), squeeze=False)
+    for col, shape in enumerate(shapes):
         mine = [r for r in rows if r["shape"] == shape]
         batches = sorted({int(r["batch"]) for r in mine})
         systems = [s for s in SYSTEMS if any(r["system"] == s for r in mine)]
-        width = 0.8 / max(1, len(systems))
-        for i, system in enumerate(systems):
-            by_batch = {int(r["batch"]): float(r["tok_s"]) for r in mine if r["system"] == system}
-            xs = [j + i * width for j in range(len(batches))]
-            ax.bar(xs, [by_batch.get(b, 0.0) for b in batches], width, label=system)
-        ax.set_xticks([j + width * (len(systems) - 1) / 2 for j in range(len(batches))])
-        ax.set_xticklabels([str(b) for b in batches])
-        ax.set_xlabel("batch")
-        ax.set_ylabel("output tok/s")
-        ax.set_title(f"llama {shape}")
-        ax.legend()
+        for ax, key, label in (
+            (axes[0][col], "tok_s", "output tok/s"),
+            (axes[1][col], "decode_step_ms", "decode step (ms)"),
+        ):
+            series = [
+                (s, {int(r["batch"]): r.get(key) for r in mine if r["system"] == s})
+                for s in systems
+            ]
+            if key == "decode_step_ms":  # the floor is the same for every system
+                series.append(
+                    ("bandwidth floor", {int(r["batch"]): r["bandwidth_floor_ms"] for r in mine})
+                )
+            width = 0.8 / max(1, len(series))
+            for i, (name, by_batch) in enumerate(series):
+                xs = [j + i * width for j in range(len(batches))]
+                ax.bar(xs, [float(by_batch.get(b) or 0.0) for b in batches], width, label=name)
+            ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(batches))])
+            ax.set_xticklabels([str(b) for b in batches])
+            ax.set_xlabel("batch")
+            ax.set_ylabel(label)
+            ax.set_title(f"llama {shape}")
+            ax.legend()
     fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)
+    return True
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shapes", nargs="+", choices=sorted(SHAPES), default=["1b"])
+    parser.add_argument(
+        "--shapes", "--shape", nargs="+", choices=list(SHAPES), default=["1b", "8b"]
+    )
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 32, 256])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument(
+        "--decode-steps", type=int, default=50, help="engine steps timed after the prefill"
+    )
     parser.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=["engine", "hf-compile"])
+    parser.add_argument("--device", default="cuda", help="cuda (the benchmark) or cpu (smoke)")
     parser.add_argument("--enforce-eager", action="store_true", help="engine without graphs")
-    parser.add_argument("--bandwidth-gbs", type=float, default=3000.0, help="GPU memory GB/s")
+    parser.add_argument(
+        "--bandwidth-gbs", type=float, default=H100_GBS, help="GPU memory GB/s (H100 SXM)"
+    )
+    parser.add_argument("--tokenizer", type=Path, default=DEFAULT_TOKENIZER)
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "benchmarks/results/gpu.json")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.decode_steps < 1 or args.new_tokens < args.decode_steps + 2:
+        parser.error("need 1 <= --decode-steps <= --new-tokens - 2")
+    return args
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Run the benchmark; returns what it wrote to ``--out``."""
     args = parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("benchmarks/gpu.py needs a CUDA GPU")
-    rows: list[dict[str, object]] = []
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("benchmarks/gpu.py needs a CUDA GPU (or --device cpu for a smoke run)")
+    if not args.tokenizer.is_dir():
+        raise SystemExit(f"tokenizer folder {args.tokenizer} not found (make model)")
+    rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
         for shape in args.shapes:
             rows += bench_shape(shape, args, Path(tmp))
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, **vars(args)}
-    meta["out"] = str(args.out)
-    args.out.write_text(json.dumps({"config": meta, "results": rows}, indent=2))
-    plot(rows, args.out.with_suffix(".png"))
-    print(f"wrote {args.out} and {args.out.with_suffix('.png')}")
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else "cpu"
+    meta = {"device_name": device_name, "torch": torch.__version__, **vars(args)}
+    meta.update(out=str(args.out), tokenizer=str(args.tokenizer))
+    try:
+        import transformers
+
+        meta["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    result = {"config": meta, "results": rows, "ratios": ratios(rows)}
+    args.out.write_text(json.dumps(result, indent=2))
+    for r in result["ratios"]:
+        print(json.dumps(r), flush=True)
+    png = args.out.with_suffix(".png")
+    print(f"wrote {args.out}" + (f" and {png}" if plot(rows, png) else ""), flush=True)
+    return result
 
 
 if __name__ == "__main__":
