@@ -94,6 +94,12 @@ class GenerationConfig(BaseModel):
     (``logprobs_mode`` ``"raw"``, vLLM's ``raw_logprobs``), or of the scores the token was
     chosen from (``"processed"``: after ``logit_bias``, the penalties and, when sampling, the
     temperature and the filters; vLLM's ``processed_logprobs``). Beam search refuses it.
+
+    ``prompt_logprobs`` N (0..20) asks for the same of the prompt's tokens, from the raw logits:
+    each prompt token after the first, its logprob given the tokens before it, with its N
+    likeliest alternatives (what ``echo`` with ``logprobs`` on /v1/completions shows, and what
+    evaluation harnesses score with). A request that asks is never served from the prefix
+    cache: every prompt position must go through the model.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -130,6 +136,13 @@ class GenerationConfig(BaseModel):
         description="None: no logprobs; N: each token's logprob and its N likeliest alternatives",
     )
     logprobs_mode: Literal["raw", "processed"] = "raw"
+    prompt_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TOP_LOGPROBS,
+        description="None: none; N: each prompt token's logprob (after the first) and its N "
+        "likeliest alternatives, of the raw logits",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -288,6 +301,9 @@ class Choice(BaseModel):
     text: str
     finish_reason: FinishReason | None = None
     logprobs: list[TokenLogprob] | None = None
+    #: With ``generation_config.prompt_logprobs``: one entry per prompt token after the first
+    #: (the first has nothing before it), on the choice's first chunk of a stream.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class GenerateResponse(BaseModel):

@@ -132,6 +132,10 @@ class _SamplingFields(BaseModel):
         """The native ``logprobs``: None for none, else the number of alternatives."""
         raise NotImplementedError
 
+    def _num_prompt_logprobs(self) -> int | None:
+        """The native ``prompt_logprobs``: None unless the API asks for the prompt's."""
+        return None
+
     def to_generation_config(self) -> GenerationConfig:
         """Translate OpenAI/vLLM fields into our Hugging Face-named config.
 
@@ -166,6 +170,7 @@ class _SamplingFields(BaseModel):
             json_schema=self.response_format.schema_of_output() if self.response_format else None,
             logprobs=self._num_top_logprobs(),
             logprobs_mode=self.logprobs_mode or "raw",
+            prompt_logprobs=self._num_prompt_logprobs(),
         )
 
     def _native(self, **inputs: Any) -> GenerateRequest | None:
@@ -189,7 +194,10 @@ class CompletionRequest(_SamplingFields):
     """Body of ``POST /v1/completions``."""
 
     prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(default=16, ge=1)
+    #: 0 only with ``echo``: the prompt (and its logprobs) alone, nothing generated.
+    max_tokens: int | None = Field(default=16, ge=0)
+    #: Answer with the prompt before the completion; with ``logprobs``, the prompt's tokens'
+    #: logprobs come first too (the first token's is null), as OpenAI's legacy API and vLLM do.
     echo: bool = False
     #: OpenAI's: each token's logprob and this many likeliest alternatives (0..5).
     logprobs: int | None = Field(default=None, ge=0, le=MAX_COMPLETION_LOGPROBS)
@@ -201,13 +209,24 @@ class CompletionRequest(_SamplingFields):
             raise ValueError("'suffix' is not supported")
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("'prompt' must not be empty")
+        if self.max_tokens == 0 and not self.echo:
+            raise ValueError("'max_tokens' must be at least 1 (0 only with 'echo')")
         return self
 
+    @property
+    def is_echo_only(self) -> bool:
+        """True for ``echo`` with ``max_tokens`` 0: the answer is the prompt alone."""
+        return self.echo and self.max_tokens == 0
+
     def _max_tokens(self) -> int | None:
-        return self.max_tokens
+        # The engine always runs one step past the prompt; an echo-only answer drops its token.
+        return 1 if self.is_echo_only else self.max_tokens
 
     def _num_top_logprobs(self) -> int | None:
         return self.logprobs
+
+    def _num_prompt_logprobs(self) -> int | None:
+        return self.logprobs if self.echo else None
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts: one string or token list per prompt."""
@@ -328,8 +347,9 @@ class CompletionLogprobs(BaseModel):
     logprob, likeliest alternatives ``{text: logprob}`` and offset in the choice's text."""
 
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    #: None for an echoed prompt's first token (nothing comes before it).
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
 
 

@@ -31,6 +31,7 @@ _UPSTREAM_UNSUPPORTED: dict[str, object] = {
     # OpenAI's logprobs answer in another shape than the native entries (token ids).
     "logprobs": None,
     "logprobs_mode": "raw",
+    "prompt_logprobs": None,
 }
 _FINISH_REASONS = ("stop", "length")
 _USAGE_FIELDS = ("prompt_tokens", "completion_tokens", "total_tokens")

@@ -35,8 +35,8 @@ same -2..2 range), which count generated tokens only (OpenAI's and vLLM's defini
 TensorRT-LLM's penalty kernel counts the prompt's tokens too unless its ``prompt_ignore_length``
 covers the prompt: a Triton caller served by our servers gets the OpenAI meaning, and a native
 request sent to a TensorRT-LLM server gets TensorRT-LLM's. The native ``logit_bias`` and
-``min_p`` have no ensemble input, nor has ``logprobs``: a request that uses them is not sent to a
-Triton server.
+``min_p`` have no ensemble input, nor have ``logprobs`` and ``prompt_logprobs``: a request that
+uses them is not sent to a Triton server.
 """
 
 from __future__ import annotations
@@ -301,6 +301,7 @@ class TritonGenerateRequest(BaseModel):
             "stop_token_ids": bool(config.stop_token_ids),
             "json_schema": config.json_schema is not None,
             "logprobs": config.logprobs is not None,
+            "prompt_logprobs": config.prompt_logprobs is not None,
         }
         for name, is_set in refused.items():
             if is_set:

@@ -54,6 +54,9 @@ class TextDelta:
     finish_reason: FinishReason | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] | None = None
+    #: On a choice's first delta when the request scores its prompt
+    #: (``config.prompt_logprobs``): one entry per prompt token after the first.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
 
 class GenerationBackend(abc.ABC):

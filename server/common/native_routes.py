@@ -39,7 +39,8 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
 def _native_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
     """A choice's part of a ``/generate`` stream event (a ``Choice``), when it has news (text,
     its end, or the logprobs of new tokens whose text is still held back)."""
-    if not delta.text and delta.finish_reason is None and not delta.logprobs:
+    has_news = delta.text or delta.finish_reason is not None or delta.logprobs
+    if not has_news and delta.prompt_logprobs is None:
         return None
     choice: dict[str, Any] = {
         "index": delta.index,
@@ -48,6 +49,8 @@ def _native_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
     }
     if delta.logprobs is not None:
         choice["logprobs"] = [entry.model_dump() for entry in delta.logprobs]
+    if delta.prompt_logprobs is not None:
+        choice["prompt_logprobs"] = [entry.model_dump() for entry in delta.prompt_logprobs]
     return choice
 
 
@@ -56,7 +59,11 @@ _NATIVE = AnswerShape(
     chunk_choice=_native_choice,
     response=GenerateResponse,
     response_choice=lambda r: Choice(
-        index=r.index, text=r.text, finish_reason=r.finish_reason, logprobs=r.logprobs
+        index=r.index,
+        text=r.text,
+        finish_reason=r.finish_reason,
+        logprobs=r.logprobs,
+        prompt_logprobs=r.prompt_logprobs,
     ),
 )
 

@@ -16,8 +16,6 @@ from protocol.openai_api import (
     ChatCompletionResponse,
     ChatLogprobs,
     ChatResponseMessage,
-    CompletionChoice,
-    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     FunctionCall,
@@ -26,6 +24,7 @@ from protocol.openai_api import (
     ToolCall,
 )
 from server.common.backend import TextDelta
+from server.common.completion_shape import Echo, EchoedPrompt, completion_shape
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import (
     AnswerShape,
@@ -36,7 +35,7 @@ from server.common.service import (
     new_response_id,
 )
 from server.common.tool_calls import call_schema, parse_tool_calls
-from utils.errors import APIError, validation_api_error
+from utils.errors import validation_api_error
 from utils.openapi import json_body
 
 
@@ -49,16 +48,29 @@ def _generation_config(body: CompletionRequest | ChatCompletionRequest) -> Gener
 
 def _completion_job(
     service: GenerationService, body: CompletionRequest, record: RequestRecord
-) -> Job:
+) -> tuple[Job, Echo | None]:
+    """The job of a completions request, and what it echoes (None without ``echo``)."""
     service.check_model(body.model)
     config = _generation_config(body)
-    if body.echo:
-        raise APIError(400, "'echo' is not supported", param="echo")
+    texts = body.prompts()
     prompts = [
         service.prompts.check_token_ids(p) if isinstance(p, list) else service.prompts.encode(p)
-        for p in body.prompts()
+        for p in texts
     ]
-    return service.make_job(new_response_id("cmpl"), prompts, config, record)
+    job = service.make_job(new_response_id("cmpl"), prompts, config, record)
+    if not body.echo:
+        return job, None
+    tokenizer = service.prompts.tokenizer
+    echoed = [
+        EchoedPrompt(
+            text=text if isinstance(text, str) else tokenizer.decode(ids),
+            first_token=tokenizer.decode(ids[:1], skip_special_tokens=False),
+        )
+        for text, ids in zip(texts, prompts, strict=True)
+    ]
+    if body.is_echo_only:
+        job.is_output_dropped = True
+    return job, Echo(echoed, job.num_choices_per_sequence, is_prompt_only=body.is_echo_only)
 
 
 def _chat_job(
@@ -100,62 +112,6 @@ def chat_logprobs(entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
             for e in entries
         ]
     }
-
-
-def completion_logprobs(
-    entries: list[TokenLogprob] | None, offset: int = 0
-) -> dict[str, Any] | None:
-    """A completion choice's ``logprobs`` (``CompletionLogprobs``) of these tokens, the first
-    at ``offset`` in the choice's text (each token's offset adds the texts before it)."""
-    if entries is None:
-        return None
-    offsets = []
-    for entry in entries:
-        offsets.append(offset)
-        offset += len(entry.token)
-    return {
-        "tokens": [e.token for e in entries],
-        "token_logprobs": [e.logprob for e in entries],
-        "top_logprobs": [{t.token: t.logprob for t in e.top_logprobs} for e in entries],
-        "text_offset": offsets,
-    }
-
-
-def _completion_shape() -> AnswerShape:
-    """The completions shape of one request (its stream keeps each choice's text offset)."""
-    offsets: dict[int, int] = {}
-
-    def chunk_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
-        """A choice's part of a completion stream chunk (a ``CompletionChoice``), when it has
-        news (text, its end, or new tokens' logprobs)."""
-        if not delta.text and delta.finish_reason is None and not delta.logprobs:
-            return None
-        offset = offsets.get(delta.index, 0)
-        logprobs = completion_logprobs(delta.logprobs, offset)
-        if delta.logprobs:
-            offsets[delta.index] = offset + sum(len(e.token) for e in delta.logprobs)
-        return {
-            "index": delta.index,
-            "text": delta.text,
-            "finish_reason": delta.finish_reason,
-            "logprobs": logprobs,
-        }
-
-    def response_choice(r: ChoiceResult) -> CompletionChoice:
-        logprobs = completion_logprobs(r.logprobs)
-        return CompletionChoice(
-            index=r.index,
-            text=r.text,
-            finish_reason=r.finish_reason,
-            logprobs=None if logprobs is None else CompletionLogprobs.model_validate(logprobs),
-        )
-
-    return AnswerShape(
-        chunk=CompletionResponse,
-        chunk_choice=chunk_choice,
-        response=CompletionResponse,
-        response_choice=response_choice,
-    )
 
 
 def _chat_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
@@ -267,12 +223,12 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     )
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest, service.settings.max_request_bytes)
-        job = _completion_job(service, body, request_record(request))
+        job, echo = _completion_job(service, body, request_record(request))
         return await answer_job(
             request,
             service,
             job,
-            _completion_shape(),
+            completion_shape(echo),
             is_stream=body.stream,
             is_usage_streamed=body.is_usage_streamed,
         )

@@ -59,6 +59,8 @@ class ChoiceResult:
     finish_reason: FinishReason | None = None
     #: One entry per generated token when the request asked for logprobs, else None.
     logprobs: list[TokenLogprob] | None = None
+    #: One entry per prompt token after the first when the request scores its prompt.
+    prompt_logprobs: list[TokenLogprob] | None = None
 
     @property
     def text(self) -> str:
@@ -75,6 +77,9 @@ class Job:
     num_choices_per_sequence: int
     # The call's closing log line, filled in as the deltas come.
     record: RequestRecord
+    #: The generated tokens are not part of the answer (``echo`` with ``max_tokens`` 0):
+    #: they are not counted as completion tokens either.
+    is_output_dropped: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -83,6 +88,8 @@ class Job:
 
     def usage(self, num_completion_tokens: int) -> Usage:
         """Usage figures for the call."""
+        if self.is_output_dropped:
+            num_completion_tokens = 0
         return Usage(
             prompt_tokens=self.num_prompt_tokens,
             completion_tokens=num_completion_tokens,
@@ -157,7 +164,8 @@ class GenerationService:
         """
         self.prompts.check_token_ids(config.stop_token_ids, "stop_token_ids")
         self.prompts.check_token_ids(list(config.logit_bias), "logit_bias")
-        if config.logprobs is not None and not self.backend.is_logprobs_supported:
+        asks_logprobs = config.logprobs is not None or config.prompt_logprobs is not None
+        if asks_logprobs and not self.backend.is_logprobs_supported:
             raise APIError(
                 400,
                 f"'logprobs' is not supported by this {self.backend.kind.replace('_', '-')} "
@@ -317,6 +325,8 @@ class GenerationService:
                     if result.logprobs is None:
                         result.logprobs = []
                     result.logprobs.extend(delta.logprobs)
+                if delta.prompt_logprobs is not None:
+                    result.prompt_logprobs = delta.prompt_logprobs
                 if delta.finish_reason is not None:
                     result.finish_reason = delta.finish_reason
         return [results[i] for i in sorted(results)]

@@ -193,6 +193,8 @@ class LLMEngine:
             self.runner.apply_block_ops(plan.block_ops)
             return self._retire(self.decoder.finish_text(pending))
         logits = self.runner.execute(plan)
+        for scores in self.runner.prompt_scores:
+            scores.group.add_prompt_logprobs(scores.first_position, scores.entries)
         self.scheduler.on_step_done(plan)
         self.stats.num_steps += 1
         outputs = self.decoder.finish_text(pending)

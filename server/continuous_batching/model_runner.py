@@ -28,6 +28,12 @@ from server.continuous_batching.kv_memory import (
 )
 from server.continuous_batching.model.attention import plan_attention
 from server.continuous_batching.model.llama import kv_bytes_per_block
+from server.continuous_batching.prompt_scoring import (
+    PromptRows,
+    PromptScores,
+    prompt_rows_of,
+    score_prompt_rows,
+)
 from server.continuous_batching.scheduler import SchedulerOutput
 from server.continuous_batching.step_upload import StepUploader
 from server.continuous_batching.weights import load_model
@@ -63,6 +69,8 @@ class ModelRunner:
             self.arch.max_position_embeddings, loading.model_max_length
         )
         self.block_size = cache.block_size
+        #: The prompt logprobs of the last :meth:`execute` (see ``prompt_scoring``).
+        self.prompt_scores: list[PromptScores] = []
         #: "triton" / "cpu": decode-only steps use a paged-attention kernel; "torch": never.
         self.attention_backend = self.model.attention_backend
         #: Puts an eager step's arrays on the device (one copy from pinned memory on cuda).
@@ -195,17 +203,29 @@ class ModelRunner:
     # -- the step -------------------------------------------------------------------------
     @torch.inference_mode()
     def execute(self, plan: SchedulerOutput) -> torch.Tensor:
-        """Run the step's forward; logits ``[num_sampling_seqs, vocab]`` float32, plan order."""
+        """Run the step's forward; logits ``[num_sampling_seqs, vocab]`` float32, plan order.
+
+        The prompt logprobs of the step's chunks that score their prompt are left in
+        :attr:`prompt_scores` (empty when none asked).
+        """
         input_ids: list[int] = []
         positions: list[int] = []
         query_lens: list[int] = []
         context_lens: list[int] = []
         block_tables: list[list[int]] = []
         sample_rows: list[int] = []
+        prompt_rows: list[PromptRows] = []
+        self.prompt_scores = []
         for item in plan.scheduled:
             seq = item.seq
             start = seq.num_computed_tokens
             end = start + item.num_query_tokens
+            if item.group.is_scoring_prompt:
+                rows = prompt_rows_of(
+                    item.group, seq.token_ids, seq.num_prompt_tokens, (start, end), len(input_ids)
+                )
+                if rows is not None:
+                    prompt_rows.append(rows)
             input_ids.extend(seq.token_ids[start:end])
             positions.extend(range(start, end))
             query_lens.append(item.num_query_tokens)
@@ -216,7 +236,7 @@ class ModelRunner:
         self.apply_block_ops(plan.block_ops, block_tables)
         num_seqs = len(plan.scheduled)
         bucket = None
-        if self.is_padding_decodes and len(input_ids) == num_seqs:
+        if self.is_padding_decodes and len(input_ids) == num_seqs and not prompt_rows:
             bucket = bucket_for(num_seqs, self.decode_buckets)
         if bucket is not None:
             decode = DecodeInputs(input_ids, positions, context_lens, block_tables)
@@ -228,6 +248,7 @@ class ModelRunner:
         hidden, rows = self._forward(
             input_ids, positions, query_lens, context_lens, block_tables, sample_rows
         )
+        self.prompt_scores = score_prompt_rows(hidden, prompt_rows, self.model.compute_logits)
         if not sample_rows:
             return hidden.new_empty((0, self.arch.vocab_size), dtype=torch.float32)
         return self.model.compute_logits(hidden[rows])

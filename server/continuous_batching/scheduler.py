@@ -219,8 +219,9 @@ class Scheduler:
             group = self.waiting[0]
             if self._num_running_beams() + group.num_workload_beams > self.batch_max_beams:
                 return
-            for seq in group.live_seqs:
-                bm.claim_cached_prefix(seq)
+            if not group.is_scoring_prompt:  # scoring needs every prompt position's logits
+                for seq in group.live_seqs:
+                    bm.claim_cached_prefix(seq)
             plan = _plan(group, budget[0])
             num_needed = sum(bm.num_new_blocks(seq, n) for seq, n in plan or [])
             if plan is None or not bm.can_allocate(num_needed, is_admission=True):

@@ -15,7 +15,7 @@ from protocol.generation import FinishReason, GenerationConfig
 
 if TYPE_CHECKING:  # annotations only
     from server.continuous_batching.beam_search import BeamSearchState
-    from server.continuous_batching.row_params import RowParams
+    from server.continuous_batching.row_params import RowLogprobs, RowParams
 
 _seq_ids = itertools.count()
 
@@ -107,6 +107,27 @@ class SequenceGroup:
     generator: Any = None
     beam_state: BeamSearchState | None = None
     num_preemptions: int = 0
+    # With ``config.prompt_logprobs``: entry p scores prompt token p + 1 (filled as the
+    # prompt's chunks run), and the choices that were shown them already.
+    prompt_logprobs: list[RowLogprobs] = field(default_factory=list)
+    prompt_logprobs_sent: set[int] = field(default_factory=set)
+
+    @property
+    def is_scoring_prompt(self) -> bool:
+        """True when the prompt's own tokens are scored: every position runs the model
+        (no prefix-cache hit), and the runner computes their logprobs."""
+        return self.config.prompt_logprobs is not None
+
+    def add_prompt_logprobs(self, first_position: int, entries: list[RowLogprobs]) -> None:
+        """Record the scores of positions ``first_position...``; positions scored before (a
+        prompt recomputed after a preemption) keep their first values."""
+        skip = len(self.prompt_logprobs) - first_position
+        if skip < 0:
+            raise ValueError(
+                f"prompt scores from position {first_position} after only "
+                f"{len(self.prompt_logprobs)}: a chunk was skipped"
+            )
+        self.prompt_logprobs.extend(entries[skip:])
 
     @property
     def num_workload_beams(self) -> int:

@@ -91,7 +91,22 @@ class TextDeltaMaker:
             finish_reason=seq.finish_reason,
             token_ids=[token],
             logprobs=None if logprobs is None else [self.token_logprob(token, logprobs)],
+            prompt_logprobs=self._prompt_logprobs_once(group, seq, seq.choice_index),
         )
+
+    def _prompt_logprobs_once(
+        self, group: SequenceGroup, seq: Sequence, index: int
+    ) -> list[TokenLogprob] | None:
+        """The prompt's logprobs for choice ``index``'s first delta (the request scores its
+        prompt), else None: every choice shows them once."""
+        if not group.is_scoring_prompt or index in group.prompt_logprobs_sent:
+            return None
+        group.prompt_logprobs_sent.add(index)
+        prompt = seq.token_ids[: seq.num_prompt_tokens]
+        return [
+            self.token_logprob(prompt[p + 1], entry)
+            for p, entry in enumerate(group.prompt_logprobs)
+        ]
 
     def beam_deltas(
         self, group: SequenceGroup, hypotheses: list[tuple[list[int], float]]
@@ -113,6 +128,7 @@ class TextDeltaMaker:
                     num_new_tokens=len(token_ids),
                     finish_reason="stop" if is_stop else "length",
                     token_ids=list(token_ids),
+                    prompt_logprobs=self._prompt_logprobs_once(group, group.seqs[0], index),
                 )
             )
         return deltas

@@ -1,6 +1,7 @@
 """Logprobs through the gateway with the ``openai`` SDK on the CB server: chat ``logprobs`` with
 ``top_logprobs`` (whole and streamed: a greedy stream's entries are the whole answer's),
-completions ``logprobs``, the native ``generation_config.logprobs``; the 400s naming the field
+completions ``logprobs``, ``echo`` with the prompt's logprobs (as lm-evaluation-harness asks),
+the native ``generation_config.logprobs`` and ``prompt_logprobs``; the 400s naming the field
 (bounds, ``top_logprobs`` without ``logprobs``, beam search, the SB server)."""
 
 from __future__ import annotations
@@ -62,6 +63,55 @@ def test_completions_logprobs(client: Any) -> None:
     assert logprobs.text_offset[-1] == len(choice.text) - len(logprobs.tokens[-1])
 
 
+def test_completions_echo_with_prompt_logprobs(client: Any) -> None:
+    """lm-evaluation-harness's loglikelihood request: ``echo``, ``logprobs`` 1, one token. The
+    answer opens with the prompt and its tokens' logprobs (the first one null), a prompt's
+    scores do not depend on what follows it, and streamed equals whole."""
+    prompt = "The capital of France is"
+    options = {"model": MODEL_ID, "temperature": 0, "echo": True, "logprobs": 1}
+    answer = client.completions.create(**options, prompt=prompt, max_tokens=1)
+    choice = answer.choices[0]
+    logprobs = choice.logprobs
+    num_prompt = answer.usage.prompt_tokens
+    assert choice.text.startswith(prompt) and len(choice.text) > len(prompt)
+    assert len(logprobs.tokens) == num_prompt + 1 == len(logprobs.token_logprobs)
+    assert logprobs.token_logprobs[0] is None and logprobs.top_logprobs[0] is None
+    assert "".join(logprobs.tokens[:num_prompt]) == prompt
+    assert "".join(logprobs.tokens) == choice.text
+    assert all(v <= 0 for v in logprobs.token_logprobs[1:])
+    assert all(len(top) == 1 for top in logprobs.top_logprobs[1:])
+    # Greedy: the generated token is the likeliest; a prompt token may not be.
+    assert logprobs.token_logprobs[-1] == pytest.approx(max(logprobs.top_logprobs[-1].values()))
+    assert logprobs.text_offset == [
+        sum(len(t) for t in logprobs.tokens[:i]) for i in range(len(logprobs.tokens))
+    ]
+    longer = client.completions.create(**options, prompt=prompt + " Paris", max_tokens=0)
+    assert longer.choices[0].text == prompt + " Paris"
+    assert longer.choices[0].finish_reason == "length"
+    assert longer.usage.completion_tokens == 0
+    prefix_scores = longer.choices[0].logprobs.token_logprobs[1:num_prompt]
+    assert prefix_scores == pytest.approx(logprobs.token_logprobs[1:num_prompt], abs=1e-4)
+    assert len(longer.choices[0].logprobs.tokens) == longer.usage.prompt_tokens
+    text, tokens, scores = "", [], []
+    for chunk in client.completions.create(**options, prompt=prompt, max_tokens=3, stream=True):
+        for streamed in chunk.choices:
+            text += streamed.text
+            if streamed.logprobs is not None:
+                tokens += streamed.logprobs.tokens
+                scores += streamed.logprobs.token_logprobs
+    whole = client.completions.create(**options, prompt=prompt, max_tokens=3).choices[0]
+    assert text == whole.text and tokens == whole.logprobs.tokens
+    assert scores == whole.logprobs.token_logprobs
+    plain = client.completions.create(
+        model=MODEL_ID, prompt=[prompt, "Hello"], max_tokens=2, temperature=0, echo=True
+    )
+    assert [c.text[: len(p)] for c, p in zip(plain.choices, [prompt, "Hello"], strict=True)] == [
+        prompt,
+        "Hello",
+    ]
+    assert all(c.logprobs is None for c in plain.choices)
+
+
 def test_native_generate_logprobs(gateway: Any) -> None:
     body = {
         "model": MODEL_ID,
@@ -85,6 +135,15 @@ def test_native_generate_logprobs(gateway: Any) -> None:
                 for streamed_choice in json.loads(line[6:])["choices"]:
                     streamed += streamed_choice.get("logprobs") or []
     assert streamed == choice["logprobs"]
+    scored = gateway.http.post(
+        "/generate",
+        json={**body, "generation_config": {"max_new_tokens": 1, "prompt_logprobs": 0}},
+        timeout=60,
+    )
+    assert scored.status_code == 200, scored.text
+    (choice,) = scored.json()["choices"]
+    num_prompt = scored.json()["usage"]["prompt_tokens"]
+    assert [len(e["top_logprobs"]) for e in choice["prompt_logprobs"]] == [0] * (num_prompt - 1)
 
 
 def test_bad_logprobs_requests_are_400s(client: Any) -> None:
@@ -95,6 +154,8 @@ def test_bad_logprobs_requests_are_400s(client: Any) -> None:
         client.chat.completions.create(**chat, top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="logprobs"):
         client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=4, logprobs=6)
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="beam search"):
         client.chat.completions.create(
             **chat, n=2, logprobs=True, extra_body={"use_beam_search": True}
@@ -107,6 +168,11 @@ def test_the_static_batching_server_says_it_cannot(sb_server: ServerThread) -> N
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == "logprobs" and "continuous-batching" in error["message"]
+    echo = {"prompt": "Hi", "max_tokens": 1, "echo": True, "logprobs": 1}
+    answer = sb_server.http.post("/v1/completions", json=echo, timeout=60)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "logprobs"
+    answer = sb_server.http.post("/v1/completions", json={**echo, "logprobs": None}, timeout=60)
+    assert answer.status_code == 200 and answer.json()["choices"][0]["text"].startswith("Hi")
 
 
 def test_gateway_translations_decline_native_logprobs() -> None:

@@ -101,3 +101,66 @@ def test_processed_logprobs_of_a_sampled_row(
     _assert_close(_entries(processed)[0], tokens, torch.log_softmax(logits / temperature, -1))
     _assert_close(_entries(raw)[0], tokens, reference)
     assert _entries(processed)[0][0].logprob != pytest.approx(_entries(raw)[0][0].logprob)
+
+
+def _prompt_reference(hf_model: Any, prompt: list[int]) -> torch.Tensor:
+    """transformers' float32 log-softmax at each prompt position but the last, ``[P-1, V]``:
+    row p scores prompt token p + 1."""
+    with torch.inference_mode():
+        logits = hf_model(torch.tensor([prompt])).logits[0].float()
+    return torch.log_softmax(logits[:-1], dim=-1)
+
+
+def _prompt_entries(deltas) -> dict[int, list[TokenLogprob]]:
+    """Each choice's prompt logprobs; they come once per choice, on its first delta."""
+    out: dict[int, list[TokenLogprob]] = {}
+    for delta in deltas:
+        if delta.prompt_logprobs is not None:
+            assert delta.index not in out, "a choice shows its prompt's logprobs once"
+            out[delta.index] = delta.prompt_logprobs
+    return out
+
+
+@pytest.mark.parametrize("batch_max_tokens", [512, 7], ids=["whole", "chunked"])
+def test_prompt_logprobs_equal_transformers(
+    make_engine, hf_model: Any, prompts: list[list[int]], batch_max_tokens: int
+) -> None:
+    """Every prompt token after the first, scored from the raw logits, whether the prompt runs
+    in one step or in chunks of 7 tokens (beside a request that does not score its prompt),
+    and whether or not its prefix is cached already."""
+    engine = make_engine(batch_max_tokens=batch_max_tokens, num_blocks=128)
+    prompt = prompts[2]
+    plain = GenerationConfig(max_new_tokens=2, ignore_eos=True)
+    engine.generate([prompt], [plain])  # its blocks are in the prefix cache now
+    asking = GenerationConfig(max_new_tokens=2, ignore_eos=True, prompt_logprobs=3, logprobs=1)
+    scored, other = engine.generate([prompt, prompts[0]], [asking, plain])
+    assert_no_leak(engine)
+    assert _prompt_entries(other) == {}
+    entries = _prompt_entries(scored)[0]
+    assert len(entries) == len(prompt) - 1
+    reference = _prompt_reference(hf_model, prompt)
+    _assert_close(entries, prompt[1:], reference)
+    assert all(len(e.top_logprobs) == 3 for e in entries)
+    assert tokens_of(scored)[0] == tokens_of(engine.generate([prompt], [plain])[0])[0]
+
+
+def test_prompt_logprobs_for_every_sample_and_beam(
+    engine: LLMEngine, hf_model: Any, prompts: list[list[int]]
+) -> None:
+    """n samples and beam-search results each open with the same prompt logprobs."""
+    prompt = prompts[4]
+    reference = _prompt_reference(hf_model, prompt)
+    sampled = GenerationConfig(
+        max_new_tokens=3, do_sample=True, seed=5, num_return_sequences=3, prompt_logprobs=0
+    )
+    beams = GenerationConfig(
+        max_new_tokens=3, num_beams=2, num_return_sequences=2, prompt_logprobs=1
+    )
+    for deltas, num_choices in zip(
+        engine.generate([prompt, prompt], [sampled, beams]), (3, 2), strict=True
+    ):
+        by_choice = _prompt_entries(deltas)
+        assert sorted(by_choice) == list(range(num_choices))
+        for entries in by_choice.values():
+            _assert_close(entries, prompt[1:], reference)
+    assert_no_leak(engine)
