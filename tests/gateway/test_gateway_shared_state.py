@@ -2,12 +2,19 @@
 
 A key rate-limited through one replica rests on both; a server whose requests fail through
 one replica is avoided by both; with Redis gone each replica goes on with its own state, with
-a warning, and requests keep working.
+a warning, and requests keep working. Then :class:`SharedBreakerState` alone against a real
+redis-server restarted on its port: one warning per outage (without the password), openings
+made during an outage written again when Redis is back, a write never shortening a longer
+opening, a pooled connection that died while idle not counted as an outage. The chaos runs
+(two replicas under load, Redis killed, a replica killed, a replica cut off) are in
+``test_replicas_chaos.py``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import shutil
 import socket
@@ -18,7 +25,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from redis import asyncio as redis_asyncio
 
+from client.balancing.shared_state import SharedBreakerState, backend_key, redacted_url
+from tests.gateway.backend_factory import healthy_server
 from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
 from tests.support.servers import ServerThread, stop_all
 from tests.support.waiting import wait_until
@@ -33,25 +43,42 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A redis-server of the test's own on a free port (Debian's package; make test installs it)."""
+def _start_redis(tmp_path: Path, port: int, password: str | None = None) -> subprocess.Popen:
+    """A redis-server on ``port`` (Debian's package; make test installs it), answering PING."""
     binary = shutil.which("redis-server")
     if binary is None:
         reason = "redis-server is missing (apt-get install redis-server)"
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
-    port = _free_port()
     args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+    if password is not None:
+        args += ["--requirepass", password]
     process = subprocess.Popen([*args, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    auth = f"AUTH {password}\r\n".encode() if password is not None else b""
 
     def pong() -> bool:
+        if process.poll() is not None:
+            raise RuntimeError(f"redis-server exited ({process.returncode})")
         with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-            conn.sendall(b"PING\r\n")
-            return conn.recv(16).startswith(b"+PONG")
+            conn.sendall(auth + b"PING\r\n")
+            return b"PONG" in conn.recv(64)
 
     wait_until(pong, 10, interval=0.05, ignoring=(OSError,), message="redis-server")
+    return process
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.kill()
+    process.wait(timeout=10)
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A redis-server of the test's own on a free port."""
+    port = _free_port()
+    process = _start_redis(tmp_path, port)
     yield f"redis://127.0.0.1:{port}/0", process
     process.terminate()
     process.wait(timeout=10)
@@ -152,3 +179,99 @@ def test_replicas_share_key_rests_and_circuit_openings(
         assert _row(b, broken.url)["circuit"] == "open"
     finally:
         stop_all(broken)
+
+
+# -- SharedBreakerState alone against a real redis-server ---------------------------------------
+
+PASSWORD = "unit-secret-pw-7"
+
+
+def test_redacted_url_masks_the_password_only() -> None:
+    assert redacted_url("redis://:pw@host:6379/0") == "redis://:***@host:6379/0"
+    assert redacted_url("rediss://user:pw@host/1") == "rediss://user:***@host/1"
+    assert redacted_url("redis://host:6379/0") == "redis://host:6379/0"
+    assert redacted_url("redis://:pw@[::1]:6379/0") == "redis://:***@[::1]:6379/0"
+
+
+async def test_outage_one_warning_replays_own_openings_and_keeps_the_longer(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = _free_port()
+    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
+    redis = _start_redis(tmp_path, port, PASSWORD)
+    backend = healthy_server("http://127.0.0.1:9", "continuous_batching", ["m"])
+    other = healthy_server("http://127.0.0.1:10", "continuous_batching", ["m"])
+    state, peer = SharedBreakerState(url), SharedBreakerState(url)
+    state.attach([backend, other])
+    direct = redis_asyncio.from_url(url)
+    key = backend_key(backend)
+    caplog.set_level(logging.INFO, logger="client.balancing.shared_state")
+    try:
+        await state.sync([backend])
+        # Redis dies: syncs fail, and an opening made now cannot be written.
+        _stop(redis)
+        for _ in range(3):
+            await state.sync([backend])
+        backend.health.breaker.open_for(60)
+        await asyncio.sleep(0.1)  # the background write fails at once (refused)
+        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings  # one per outage, not one per failed call
+        assert not state.is_available
+        # Back, empty: the next sync notices, and the opening is written again.
+        redis = _start_redis(tmp_path, port, PASSWORD)
+        await state.sync([backend])
+        assert state.is_available
+        await asyncio.wait_for(_until_key(direct, key), 5)
+        # Another replica adopts it from there.
+        await peer.sync([other_copy := healthy_server(backend.url, "continuous_batching", ["m"])])
+        assert other_copy.health.breaker.state() == "open"
+        assert 55 < other_copy.health.breaker.seconds_until_retry() <= 60
+        # A shorter opening written later never shortens the longer one.
+        peer.attach([other_copy])
+        other_copy.health.breaker.opened_until = None
+        other_copy.health.breaker.open_for(5)
+        await asyncio.sleep(0.2)
+        stored_until = float(await direct.get(key))
+        assert stored_until - (await _redis_time(direct)) > 50
+        # A closing is not an opening of ours any more: nothing is replayed for it.
+        backend.health.breaker.record_success()
+        await asyncio.sleep(0.1)
+        assert key not in state._own_openings
+        text = "\n".join(r.getMessage() for r in caplog.records)
+        assert PASSWORD not in text and "***" in text
+        assert any("reachable again" in r.getMessage() for r in caplog.records)
+    finally:
+        await state.stop()
+        await peer.stop()
+        await direct.aclose()
+        _stop(redis)
+
+
+async def test_a_connection_that_died_idle_is_not_an_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    port = _free_port()
+    redis = _start_redis(tmp_path, port)
+    backend = healthy_server("http://127.0.0.1:9", "continuous_batching", ["m"])
+    state = SharedBreakerState(f"redis://127.0.0.1:{port}/0")
+    caplog.set_level(logging.INFO, logger="client.balancing.shared_state")
+    try:
+        await state.sync([backend])  # a pooled connection now exists
+        _stop(redis)  # restarted between two calls: the pooled connection is dead
+        redis = _start_redis(tmp_path, port)
+        await state.sync([backend])
+        assert state.is_available
+        assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    finally:
+        await state.stop()
+        _stop(redis)
+
+
+async def _until_key(client: redis_asyncio.Redis, key: str) -> None:
+    while await client.get(key) is None:
+        await asyncio.sleep(0.02)
+
+
+async def _redis_time(client: redis_asyncio.Redis) -> float:
+    seconds, microseconds = await client.time()
+    return seconds + microseconds / 1e6
