@@ -78,11 +78,18 @@ def _reference(q, k_cache, v_cache, tables, context_lens, block_size) -> torch.T
     return out.view(num_seqs, num_heads, head_dim)
 
 
-def _run_kernel(q, k_cache, v_cache, tables, context_lens, block_size) -> torch.Tensor:
+def _padded(tables: list[list[int]]) -> torch.Tensor:
     width = max(len(t) for t in tables)
     padded = torch.zeros((len(tables), width), dtype=torch.int32)
     for i, t in enumerate(tables):
         padded[i, : len(t)] = torch.tensor(t, dtype=torch.int32)
+    return padded
+
+
+def _run_kernel(
+    q, k_cache, v_cache, tables, context_lens, block_size, **options: object
+) -> torch.Tensor:
+    padded = _padded(tables)
     out = tpa.paged_decode_attention(
         q.to(DEVICE),
         k_cache.to(DEVICE),
@@ -90,7 +97,7 @@ def _run_kernel(q, k_cache, v_cache, tables, context_lens, block_size) -> torch.
         padded.to(DEVICE),
         torch.tensor(context_lens, dtype=torch.int32, device=DEVICE),
         block_size=block_size,
-        max_context_len=max(context_lens),
+        **{"max_context_len": max(context_lens), **options},
     )
     assert out.dtype == q.dtype and out.shape == q.shape
     return out.cpu()
@@ -132,6 +139,55 @@ def test_decode_attention_16_bit_inputs(dtype: torch.dtype) -> None:
     torch.testing.assert_close(got.float(), want, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize(
+    ("partition", "tile", "max_context_len"),
+    [
+        (16, 16, None),  # many one-tile partitions
+        (64, 32, None),  # a bigger tile
+        (1024, 16, None),  # one partition holds every context: no reduce kernel
+        (64, 16, 900),  # a graph's bound above every context: the tail partitions are idle
+    ],
+)
+def test_decode_attention_any_partition_and_tile(
+    partition: int, tile: int, max_context_len: int | None
+) -> None:
+    context_lens = [1, 17, 200, 333]
+    q, k_cache, v_cache, tables = _case(context_lens, 8, 2, 32, 16, torch.float32, seed=4)
+    launch = tpa.DecodeLaunch(tile=tile, num_warps=1, num_stages=1)
+    options: dict[str, object] = {"partition": partition, "launch": launch}
+    if max_context_len is not None:
+        options["max_context_len"] = max_context_len
+    got = _run_kernel(q, k_cache, v_cache, tables, context_lens, 16, **options)
+    want = _reference(q, k_cache, v_cache, tables, context_lens, 16)
+    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+
+
+def test_decode_attention_native_16_bit_dots() -> None:
+    """The GPU's 16-bit path (K/V kept in their dtype, tensor-core dots, float32 softmax, P
+    rounded for P @ V), run in the interpreter in float16 (its bf16 tl.dot is wrong)."""
+    context_lens = [3, 48, 300]
+    q, k_cache, v_cache, tables = _case(context_lens, 8, 2, 64, 16, torch.float16, seed=5)
+    got = _run_kernel(q, k_cache, v_cache, tables, context_lens, 16, native_dot=True, partition=64)
+    want = _reference(q, k_cache, v_cache, tables, context_lens, 16)
+    torch.testing.assert_close(got.float(), want, atol=3e-3, rtol=3e-3)
+
+
+def test_partition_choice() -> None:
+    """Enough programs from the batch alone: one partition per sequence; else split into
+    power-of-two multiples of the tile, never below the smallest partition."""
+    target = tpa.TARGET_PROGRAMS
+    assert tpa.choose_partition(256, 8, 2000, 64) == 2048  # 2048 programs: whole contexts
+    assert tpa.choose_partition(256, 8, 100, 64) == 128
+    # Batch 1: split down to the smallest partition (32 parts x 8 kv heads).
+    assert tpa.choose_partition(1, 8, 2048, 64) == max(64, tpa.PARTITION_SIZE // 8)
+    # Batch 4 of 4,096 keys: 4 x 8 x 32 partitions of 128 reach the target.
+    assert tpa.choose_partition(4, 8, 4096, 64) == 128 and 4 * 8 * 32 >= target
+    for seqs in (1, 2, 7, 32, 65):
+        size = tpa.choose_partition(seqs, 8, 4096, 64)
+        assert size % 64 == 0 and (size // 64) & (size // 64 - 1) == 0
+    assert tpa.choose_partition(1, 1, 1, 16) == 16
+
+
 def test_decode_attention_reads_a_strided_query() -> None:
     """The engine passes q as a view of the fused q|k projection (rows wider than heads*D)."""
     context_lens = [7, 40]
@@ -167,6 +223,7 @@ def test_module_imports_without_triton(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "triton", None)  # makes `import triton` fail
     spec = importlib.util.spec_from_file_location("tpa_without_triton", tpa.__file__)
     module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)  # dataclasses look their module up
     spec.loader.exec_module(module)
     assert not module.is_available(torch.device("cuda"))
     with pytest.raises(RuntimeError, match="triton is not installed"):

@@ -37,7 +37,12 @@ def decode_partition_kernel(
     TILE: tl.constexpr,
     PARTITION: tl.constexpr,
     IS_SINGLE_PARTITION: tl.constexpr,
+    NATIVE_DOT: tl.constexpr,
 ):
+    # NATIVE_DOT: K/V (and q) stay in their 16-bit dtype and both products run on tensor
+    # cores with float32 accumulation; the probabilities are rounded to that dtype for P @ V
+    # (as flash attention does). Else everything is float32 with IEEE dots (exact; float32
+    # caches, and the interpreter, whose 16-bit tl.dot is wrong).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -53,7 +58,11 @@ def decode_partition_kernel(
             q_ptr + seq * stride_qs + heads[:, None] * stride_qh + dims[None, :],
             mask=row_ok[:, None] & dim_ok[None, :],
             other=0.0,
-        ).to(tl.float32)
+        )
+        if NATIVE_DOT:
+            q = q.to(k_cache_ptr.dtype.element_ty)
+        else:
+            q = q.to(tl.float32)
         m = tl.full([REP_PAD], float("-inf"), dtype=tl.float32)
         lse = tl.zeros([REP_PAD], dtype=tl.float32)
         acc = tl.zeros([REP_PAD, D_PAD], dtype=tl.float32)
@@ -67,16 +76,25 @@ def decode_partition_kernel(
             slot = block.to(tl.int64) * block_size + pos % block_size
             kv_off = slot[:, None] * stride_cs + kv_head * stride_ch + dims[None, :]
             kv_ok = pos_ok[:, None] & dim_ok[None, :]
-            k = tl.load(k_cache_ptr + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
-            v = tl.load(v_cache_ptr + kv_off, mask=kv_ok, other=0.0).to(tl.float32)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            k = tl.load(k_cache_ptr + kv_off, mask=kv_ok, other=0.0)
+            v = tl.load(v_cache_ptr + kv_off, mask=kv_ok, other=0.0)
+            if NATIVE_DOT:
+                scores = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * scale
+            else:
+                k = k.to(tl.float32)
+                v = v.to(tl.float32)
+                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
             scores = tl.where(pos_ok[None, :], scores, float("-inf"))
             m_new = tl.maximum(m, tl.max(scores, axis=1))
             # The first tile always holds a valid key, so m_new is finite from then on.
             alpha = tl.exp(m - m_new)
             p = tl.exp(scores - m_new[:, None])
             lse = lse * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+            if NATIVE_DOT:
+                pv = tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
+            else:
+                pv = tl.dot(p, v, input_precision="ieee")
+            acc = acc * alpha[:, None] + pv
             m = m_new
         out_mask = row_ok[:, None] & dim_ok[None, :]
         if IS_SINGLE_PARTITION:

@@ -15,10 +15,22 @@ each key/value row where it lies, through the block table:
 * ``write_kv_cache``: stores the step's K/V rows into their slots (``index_copy_`` of the
   torch path); a negative slot is skipped.
 
-Everything is computed in float32 (bf16/fp16 inputs are upcast after loading, outputs cast
-back), and the matmuls use IEEE float32: exact in Triton's CPU interpreter
-(``TRITON_INTERPRET=1``, where ``tl.dot`` on bf16 operands is wrong) and no tf32 rounding on a
-GPU. Decode attention is memory bound, so float32 FMAs cost nothing that matters.
+Precision: float32 caches are computed in float32 with IEEE dots (exact, no tf32 rounding:
+the float32 parity tests depend on it). 16-bit caches on a GPU keep K/V in their own dtype
+(``native_dot``): both products run on tensor cores with float32 accumulation and float32
+softmax statistics, P rounded to the cache dtype for P @ V (as flash attention does). Upcasting
+them instead made the products IEEE float32 FMAs on the CUDA cores, and ``tl.dot`` pads the
+``rep`` query rows of a kv head to 16, so at rep 4 that was 4x the useful FMAs: at batch 256 on
+an H100 the kernel was compute bound at about 9x the time of reading K/V once. In Triton's CPU
+interpreter (``TRITON_INTERPRET=1``), whose ``tl.dot`` on bf16 operands is wrong, 16-bit inputs
+take the float32 path.
+
+Work per program (see ``launch_config``): the context partition (split-K) is sized from the
+batch, so that (sequences x kv heads x partitions) gives the GPU enough programs; a batch that
+has enough on its own runs one partition per sequence and no reduce kernel. The key tile and
+warp count are tunables (``DecodeLaunch``; ``DECODE_TUNING_SPACE`` lists what
+``benchmarks/bench_decode_attention.py --sweep`` tries on an H100). None of these choices was
+measured on a GPU yet: they are reasoned, not tuned.
 
 Triton is optional: without it this module still imports, ``is_available()`` is False and the
 engine keeps the torch path.
@@ -27,6 +39,8 @@ engine keeps the torch path.
 from __future__ import annotations
 
 import importlib.util
+import os
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -38,11 +52,37 @@ import torch
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
-#: Context tokens per partition (split-K). A multiple of every TOKEN_TILE used below.
+#: The smallest context partition (split-K) the launch picks on its own; tests force smaller.
 PARTITION_SIZE = 512
-#: Keys processed per inner iteration. tl.dot needs every dimension >= 16.
+#: Keys per inner iteration in the interpreter (tl.dot needs every dimension >= 16; the
+#: interpreter's cost is per op, and small tiles keep its tests quick).
 TOKEN_TILE = 16
 _MIN_DOT = 16
+#: Programs (sequences x kv heads x partitions) a decode launch aims for: about 4 per SM of an
+#: H100 (132 SMs), so every SM has several programs to hide the latency of its loads.
+TARGET_PROGRAMS = 528
+
+
+@dataclass(frozen=True)
+class DecodeLaunch:
+    """The tunables of one decode-attention launch (Triton compiles one kernel per value)."""
+
+    #: Keys loaded per inner iteration: bigger tiles put more bytes in flight per program.
+    tile: int = 64
+    num_warps: int = 4
+    num_stages: int = 2
+
+
+#: The GPU default: 64 keys x 128 dims x 2 bytes = 16 KB of K and of V per iteration.
+GPU_LAUNCH = DecodeLaunch()
+#: What ``bench_decode_attention.py --sweep`` tries on an H100 (documented, not autotuned at
+#: run time: autotuning benchmarks on first call, which may be inside a CUDA graph capture).
+DECODE_TUNING_SPACE: tuple[DecodeLaunch, ...] = tuple(
+    DecodeLaunch(tile, warps, stages)
+    for tile in (32, 64, 128)
+    for warps in (4, 8)
+    for stages in (1, 2, 3)
+)
 
 
 def is_available(device: torch.device) -> bool:
@@ -52,6 +92,42 @@ def is_available(device: torch.device) -> bool:
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
+
+
+def is_interpreting() -> bool:
+    """True when Triton runs its kernels in the CPU interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def default_launch(device: torch.device) -> DecodeLaunch:
+    """``GPU_LAUNCH`` on a GPU; small tiles in the interpreter (see ``TOKEN_TILE``)."""
+    if device.type == "cuda" and not is_interpreting():
+        return GPU_LAUNCH
+    return DecodeLaunch(tile=TOKEN_TILE, num_warps=1, num_stages=1)
+
+
+def choose_partition(
+    num_seqs: int,
+    num_kv_heads: int,
+    max_context_len: int,
+    tile: int,
+    target_programs: int = TARGET_PROGRAMS,
+) -> int:
+    """Context tokens per partition: every context in one partition when the batch alone
+    gives ``target_programs`` (no partial results, no reduce kernel); else split so that a
+    context of ``max_context_len`` does, in partitions of at least ``max(tile,
+    PARTITION_SIZE // 8)`` keys. A power of two times ``tile`` (a constexpr: few distinct
+    kernels), sized from ``max_context_len``, the bound a CUDA graph captures."""
+    ctx = max(1, max_context_len)
+    whole = tile * _next_pow2(-(-ctx // tile))
+    programs = num_seqs * num_kv_heads
+    if programs >= target_programs:
+        return whole
+    parts = -(-target_programs // max(1, programs))
+    smallest = max(tile, PARTITION_SIZE // 8)
+    # Rounded down to a power of two times the tile: at least ``parts`` partitions.
+    size = tile * (1 << max(0, (ctx // (parts * tile)).bit_length() - 1))
+    return min(whole, max(smallest, size))
 
 
 def _kernels() -> ModuleType:
@@ -73,6 +149,9 @@ def paged_decode_attention(
     max_context_len: int,
     scale: float | None = None,
     out: torch.Tensor | None = None,
+    partition: int | None = None,
+    launch: DecodeLaunch | None = None,
+    native_dot: bool | None = None,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence against its cached keys.
 
@@ -81,6 +160,11 @@ def paged_decode_attention(
     per sequence (>= 1, this step's key included). ``max_context_len`` bounds them: it sizes
     the partition grid, so a CUDA graph can capture it as a fixed upper bound. Returns
     [num_seqs, num_heads, head_dim] in q's dtype (written into ``out`` when given).
+
+    ``partition`` (keys per split-K partition, a multiple of the tile; default
+    ``choose_partition``), ``launch`` (default ``default_launch``) and ``native_dot`` (default:
+    16-bit caches on a GPU, not interpreted) override the choices the module docstring
+    describes; tests and the microbenchmark use them.
     """
     kernels = _kernels()
     num_seqs, num_heads, head_dim = q.shape
@@ -94,7 +178,19 @@ def paged_decode_attention(
         out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    max_parts = -(-max(1, max_context_len) // PARTITION_SIZE)
+    launch = launch or default_launch(q.device)
+    tile = max(_MIN_DOT, launch.tile)
+    if partition is None:
+        partition = choose_partition(num_seqs, num_kv_heads, max_context_len, tile)
+    if partition % tile:
+        raise ValueError(f"partition {partition} is not a multiple of the tile {tile}")
+    if native_dot is None:
+        native_dot = (
+            k_cache.dtype in (torch.bfloat16, torch.float16)
+            and k_cache.is_cuda
+            and not is_interpreting()
+        )
+    max_parts = -(-max(1, max_context_len) // partition)
     is_single = max_parts == 1
     d_pad = max(_MIN_DOT, _next_pow2(head_dim))
     if is_single:  # the partial buffers are never touched: pass out as a placeholder
@@ -131,9 +227,12 @@ def paged_decode_attention(
         rep=rep,
         REP_PAD=max(_MIN_DOT, _next_pow2(rep)),
         D_PAD=d_pad,
-        TILE=TOKEN_TILE,
-        PARTITION=PARTITION_SIZE,
+        TILE=tile,
+        PARTITION=partition,
         IS_SINGLE_PARTITION=is_single,
+        NATIVE_DOT=native_dot,
+        num_warps=launch.num_warps,
+        num_stages=launch.num_stages,
     )
     if not is_single:
         kernels.decode_reduce_kernel[(num_seqs, num_heads)](
@@ -149,7 +248,7 @@ def paged_decode_attention(
             head_dim,
             PARTS_PAD=_next_pow2(max_parts),
             D_PAD=d_pad,
-            PARTITION=PARTITION_SIZE,
+            PARTITION=partition,
         )
     return out
 
