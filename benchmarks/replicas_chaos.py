@@ -793,6 +793,8 @@ class ScenarioReport:
     num_warnings: dict[str, int] = field(default_factory=dict)
     #: Whether the Redis password appeared in any replica's log.
     is_secret_logged: bool = False
+    #: Requests the client had in flight on the replica it SIGKILLed (kill scenario).
+    num_in_flight_at_kill: int | None = None
     duration_seconds: float = 0.0
 
 
@@ -916,7 +918,7 @@ async def scenario_kill(
                 a.check_alive,
             )
             report.checks["requests in flight on A at the kill"] = client.in_flight[a.url] > 0
-            in_flight_on_a = client.in_flight[a.url]
+            in_flight_on_a = report.num_in_flight_at_kill = client.in_flight[a.url]
             cluster.kill_replica("A")
             await load
         finally:
@@ -1043,12 +1045,12 @@ def format_reports(reports: list[ScenarioReport]) -> str:
     """The reports as text tables (one row per scenario, then the convergence figures)."""
     lines = [
         "| scenario | sent | ok | wrong | lost, not started | lost in flight | retried (refused "
-        "/ no byte) | hung | max latency s | warnings (A/B) | password in logs |",
+        "/ no byte) | hung | max latency s | outage warnings | password in logs |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for report in reports:
         load = report.load
-        warnings = "/".join(str(n) for n in report.num_warnings.values())
+        warnings = " ".join(f"{name}:{n}" for name, n in report.num_warnings.items())
         lines.append(
             f"| {report.scenario} | {load.num_sent} | {load.num_ok} | {load.num_wrong} | "
             f"{load.num_lost_not_started} | {load.num_lost_in_flight} | "
@@ -1065,6 +1067,12 @@ def format_reports(reports: list[ScenarioReport]) -> str:
         for what, holds in report.checks.items():
             lines.append(f"| {report.scenario} | {what} | {'yes' if holds else 'NO'} |")
     for report in reports:
+        if report.num_in_flight_at_kill is not None:
+            lines.append(
+                f"{report.scenario}: {report.num_in_flight_at_kill} requests in flight on the "
+                f"killed replica: {report.load.num_lost_in_flight} streams had begun (lost), "
+                "the others had answered or had no byte yet (sent to the other replica)"
+            )
         for error in report.load.errors:
             lines.append(f"{report.scenario}: {error}")
     return "\n".join(lines)
