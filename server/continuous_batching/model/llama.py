@@ -4,8 +4,9 @@ The tokens of every sequence in a step (prefill chunks and decodes alike) are fl
 one [num_tokens] axis and go through one forward. Per layer that is: RMSNorm, one fused q/k/v
 matmul, RoPE on q and k together with the cache writes, paged attention, o_proj with the
 residual add fused into the matmul, RMSNorm, one fused gate/up matmul, SiLU * up, down_proj
-fused with the residual add. The element-wise steps come from ``decoder_ops`` (torch, or the
-fused C++ kernels on a CPU). No Python loop over sequences or tokens and
+fused with the residual add. The element-wise steps come from ``decoder_ops`` (torch, the
+fused C++ kernels on a CPU, or fused Triton kernels for 16-bit weights on CUDA:
+``triton_fused``). No Python loop over sequences or tokens and
 no host synchronisation happen inside the forward.
 """
 
@@ -20,7 +21,7 @@ from torch import nn
 
 from protocol.health import ComputePath
 
-from . import cpu_isa, triton_paged_attention
+from . import cpu_isa, triton_fused, triton_paged_attention
 from .architecture import ModelArchConfig
 from .attention import AttentionMetadata
 from .cpu_isa import CpuPath
@@ -225,7 +226,11 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head_linear = Linear(self.lm_head, None)
         self.decoder_ops: TorchDecoderOps
         self.attention_backend: AttentionBackend
-        self.set_decoder_ops(decoder_ops_for(self.device, use_cpu_kernels, self.cpu_path))
+        ops = decoder_ops_for(self.device, use_cpu_kernels, self.cpu_path)
+        if triton_fused.is_available(self.device, dtype):
+            # 16-bit weights on CUDA: fused Triton element-wise steps (float32 keeps torch's).
+            ops = triton_fused.TritonDecoderOps()
+        self.set_decoder_ops(ops)
 
     def set_decoder_ops(self, ops: TorchDecoderOps) -> None:
         """Run the element-wise steps with ``ops`` and pick the matching attention backend:
