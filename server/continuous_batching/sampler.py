@@ -10,15 +10,18 @@ Greedy rows take the argmax of the processed scores, sampled rows draw from thei
 row that uses none of OpenAI's knobs gets exactly transformers' processing.
 
 Every transform runs once over all the rows that use it (a masked sub-batch) and is skipped when
-no row does, so an all-greedy batch without penalties costs a single ``argmax``.
+no row does, so an all-greedy batch without penalties costs a single ``argmax``; in a mixed
+batch only the rows that process their logits are copied and processed, the plain greedy rows
+take their argmax alone (``_choose``; ``_choose_all`` is the reference that processes all).
 
 Reproducibility: a sampled row draws its randomness from its own ``torch.Generator`` with the
 "exponential race" ``argmax(probs / q)``, ``q ~ Exp(1)`` i.i.d. per token, which picks token
 ``i`` with probability ``probs[i]`` (same law as ``torch.multinomial``). A row consumes exactly
 ``V`` exponentials from its generator per step, whatever else is batched, so a seeded request
-gives the same tokens alone or in any batch. Rows of one request that share a generator
-(``num_return_sequences > 1``) draw in the order they appear in ``rows``; the engine must keep
-that order stable (e.g. by sequence index). The draws differ from ``generate``'s multinomial,
+gives the same tokens alone or in any batch. The engine's seeded rows carry a ``draw_key``
+instead (:mod:`server.continuous_batching.draw_keys`): their draw seeds a generator afresh
+from the seed, the choice and the position, so that a stream resumed on another server draws
+the same. The draws differ from ``generate``'s multinomial,
 so the samples are not those transformers would draw for the same seed.
 
 Beam search takes its log-probs here too (:func:`beam_log_probs`), and the one beam step that
@@ -231,14 +234,30 @@ def beam_log_probs(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     return _processors(log_probs, rows)
 
 
+_KEYED_GENERATORS: dict[torch.device, torch.Generator] = {}
+
+
+def _keyed_generator(device: torch.device) -> torch.Generator:
+    """The one generator of ``device`` that keyed draws reseed before each use."""
+    generator = _KEYED_GENERATORS.get(device)
+    if generator is None:
+        generator = _KEYED_GENERATORS[device] = torch.Generator(device=device)
+    return generator
+
+
 def _exponential_noise(
     shape: tuple[int, int], rows: list[RowParams], device: torch.device
 ) -> torch.Tensor:
-    """``Exp(1)`` noise, row ``j`` drawn from ``rows[j].generator`` (one draw of V per row)."""
+    """``Exp(1)`` noise, row ``j`` drawn from the generator seeded with ``rows[j].draw_key``,
+    else from ``rows[j].generator`` (one draw of V per row)."""
     noise = torch.empty(shape, dtype=torch.float32, device=device)
     unseeded = []
     for j, row in enumerate(rows):
-        if row.generator is None:
+        if row.draw_key is not None:  # seeded afresh per draw (see draw_keys)
+            generator = _keyed_generator(device)
+            generator.manual_seed(row.draw_key)
+            noise[j].exponential_(generator=generator)
+        elif row.generator is None:
             unseeded.append(j)
         else:
             noise[j].exponential_(generator=row.generator)
@@ -251,14 +270,37 @@ def _exponential_noise(
 
 
 def _choose(
-    logits: torch.Tensor, rows: list[RowParams]
+    logits: torch.Tensor, rows: list[RowParams], need_scores: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Next token ids ``[R]`` and the processed scores they were chosen from (None when no
-    row processes its logits: the scores are the logits then)."""
-    if not any(row.processes_logits for row in rows):
-        if logits.shape[0] != len(rows):
-            raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
+    """Next token ids ``[R]``, and the processed scores they were chosen from when
+    ``need_scores`` (else None; None also when no row processes its logits: the scores are
+    the logits then).
+
+    Rows that process nothing (plain greedy) take the argmax of their logits; only the rows
+    that do are copied, processed and, if sampled, drawn from, as a sub-batch (no [R, V]
+    float32 copy of the whole batch for one penalised row). The tokens are those of
+    :func:`_choose_all`, which processes every row: a transform leaves the rows it does not
+    apply to bit-for-bit intact, and the sampled rows draw in the same order."""
+    if logits.shape[0] != len(rows):
+        raise ValueError(f"{logits.shape[0]} logit rows for {len(rows)} row parameters")
+    processing = [i for i, row in enumerate(rows) if row.processes_logits]
+    if not processing:
         return logits.argmax(dim=-1), None
+    if len(processing) == len(rows):
+        return _choose_all(logits, rows)
+    index = _index(processing, logits.device)
+    sub_tokens, sub_scores = _choose_all(
+        logits.index_select(0, index), [rows[i] for i in processing]
+    )
+    next_tokens = logits.argmax(dim=-1).index_copy_(0, index, sub_tokens)
+    if not need_scores:
+        return next_tokens, None
+    scores = logits.to(dtype=torch.float32, copy=True).index_copy_(0, index, sub_scores)
+    return next_tokens, scores
+
+
+def _choose_all(logits: torch.Tensor, rows: list[RowParams]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row through :func:`process_logits`, then argmax or a draw: the reference path."""
     scores = process_logits(logits, rows)
     next_tokens = scores.argmax(dim=-1)
     sampled = [i for i, row in enumerate(rows) if row.samples]
@@ -387,6 +429,18 @@ def select_rows(logits: torch.Tensor, row_index: list[int]) -> torch.Tensor:
     return logits[to_device(row_index, torch.long, logits.device)]
 
 
+def _greedy_rows(logits: torch.Tensor, row_index: list[int]) -> torch.Tensor:
+    """The argmax of the logits rows ``row_index``: of every row, then the chosen ids picked
+    (a few ints) rather than the rows gathered first (a [R, V] copy), unless most rows are
+    someone else's."""
+    if 2 * len(row_index) < logits.shape[0]:
+        return select_rows(logits, row_index).argmax(dim=-1)
+    tokens = logits.argmax(dim=-1)
+    if row_index == list(range(logits.shape[0])):
+        return tokens
+    return tokens.index_select(0, to_device(row_index, torch.long, logits.device))
+
+
 class LogitsSampler:
     """The decoder's window on the device: it hands over row indices and plain parameters,
     and gets back tokens and beam candidates as plain Python.
@@ -403,10 +457,13 @@ class LogitsSampler:
     ) -> torch.Tensor | SampledTokens:
         """The next token of each row ``row_index`` of ``logits``, queued on the device (with
         the logprobs of the rows that ask for them: rows that do not cost nothing more)."""
-        selected = select_rows(logits, row_index)
         if all(row.logprobs is None for row in params):
-            return sample(selected, params)
-        tokens, scores = _choose(selected, params)
+            if not any(row.processes_logits for row in params):
+                return _greedy_rows(logits, row_index)
+            return sample(select_rows(logits, row_index), params)
+        selected = select_rows(logits, row_index)
+        need_scores = any(row.logprobs_mode == "processed" for row in params)
+        tokens, scores = _choose(selected, params, need_scores)
         return SampledTokens(tokens, *token_logprobs(selected, scores, tokens, params))
 
     def read_tokens(self, tokens: torch.Tensor | SampledTokens) -> list[int]:

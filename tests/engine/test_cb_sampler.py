@@ -16,6 +16,7 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
+from server.continuous_batching import sampler
 from server.continuous_batching.sampler import (
     RowParams,
     beam_log_probs,
@@ -135,6 +136,51 @@ def test_greedy_is_argmax_and_respects_processors() -> None:
         for i, b in enumerate(best)
     ]
     assert tokens == expected
+
+
+def _mixed_rows(seed: int) -> list[RowParams]:
+    """Plain greedy rows around rows that process their logits, sampled ones seeded."""
+    return [
+        RowParams(),
+        sampled(generator=make_generator(seed, "cpu"), top_k=50),
+        RowParams(),
+        RowParams(repetition_penalty=1.3, penalty_token_ids=PENALTY_IDS),
+        RowParams(logit_bias={7: 100.0}),
+        sampled(generator=make_generator(seed + 1, "cpu"), min_p=0.1, temperature=0.7),
+        RowParams(),
+        RowParams(banned_token_ids=BANNED),
+    ]
+
+
+def test_greedy_fast_path_equals_the_full_path() -> None:
+    """A mixed batch: the plain greedy rows take their argmax alone and only the others are
+    processed (``_choose``); tokens and, when asked, scores equal processing every row."""
+    logits = random_logits(8, seed=5)
+    fast_tokens, no_scores = sampler._choose(logits, _mixed_rows(3))
+    full_tokens, full_scores = sampler._choose_all(logits, _mixed_rows(3))
+    assert no_scores is None
+    assert torch.equal(fast_tokens, full_tokens)
+    assert torch.equal(fast_tokens[[0, 2, 6]], logits[[0, 2, 6]].argmax(dim=-1))
+    tokens, scores = sampler._choose(logits, _mixed_rows(3), need_scores=True)
+    assert torch.equal(tokens, full_tokens) and torch.equal(scores, full_scores)
+
+
+def test_logits_sampler_greedy_rows_pick_ids_not_rows() -> None:
+    """``LogitsSampler.sample`` of plain greedy rows, in any row order and subset, equals the
+    argmax of the gathered rows; mixed rows and processed logprobs equal the full path."""
+    logits = random_logits(6, seed=6)
+    picker = sampler.LogitsSampler()
+    for row_index in ([0, 1, 2, 3, 4, 5], [5, 0, 3, 1], [4]):
+        got = picker.sample(logits, row_index, [RowParams()] * len(row_index))
+        assert torch.equal(got, logits[row_index].argmax(dim=-1))
+    rows = _mixed_rows(4)[:6]
+    for row in rows:
+        row.logprobs, row.logprobs_mode = 2, "processed"
+    queued = picker.sample(logits, list(range(6)), rows)
+    tokens, scores = sampler._choose_all(logits, _mixed_rows(4)[:6])
+    assert torch.equal(queued.tokens, tokens)
+    want = sampler.token_logprobs(logits, scores, tokens, rows)[2]
+    assert torch.equal(queued.table, want)
 
 
 def test_temperature_zero_is_greedy() -> None:
