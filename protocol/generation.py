@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from protocol.resume import StreamResume
+
 FinishReason = Literal["stop", "length", "abort"]
 
 MAX_STOP_STRINGS = 16
@@ -251,6 +253,8 @@ class GenerateRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     generation_config: GenerationConfig = Field(default_factory=GenerationConfig)
     stream: bool = False
+    #: Set by our gateway only: finish a stream another server broke off (``protocol.resume``).
+    resume: StreamResume | None = None
 
     @model_validator(mode="after")
     def _exactly_one_input(self) -> GenerateRequest:

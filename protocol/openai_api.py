@@ -31,6 +31,7 @@ from protocol.generation import (
     Usage,
     parse_logit_bias,
 )
+from protocol.resume import StreamResume
 
 OpenAIFinishReason = Literal["stop", "length", "abort", "tool_calls"]
 #: OpenAI's bound of the completions ``logprobs`` (alternatives per token).
@@ -113,6 +114,8 @@ class _SamplingFields(BaseModel):
     response_format: ResponseFormat | None = None
     #: vLLM's logprobs mode as an extra: "raw" (default) or "processed" (see GenerationConfig).
     logprobs_mode: Literal["raw", "processed"] | None = None
+    #: Set by our gateway only: finish a stream another server broke off (``protocol.resume``).
+    resume: StreamResume | None = None
 
     @field_validator("logit_bias", mode="before")
     @classmethod

@@ -30,6 +30,13 @@ class SequenceRequest:
     #: For ``config.json_schema``: a matcher at the start of its grammar
     #: (``server.common.structured_output.GrammarMatcher``), None when unconstrained.
     grammar: Any = None
+    #: A resumed stream (``protocol.resume``): the tokens another server generated for this
+    #: choice before it died, continued here as if generated here (one choice, n = 1).
+    resumed_token_ids: list[int] = field(default_factory=list)
+    #: Characters of their text the caller already has (the rest was held back).
+    num_resumed_text_chars: int = 0
+    #: The answer's index of the choice (keys its seeded draws).
+    choice_index: int = 0
 
     @property
     def num_prompt_tokens(self) -> int:

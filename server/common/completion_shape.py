@@ -135,4 +135,5 @@ def completion_shape(echo: Echo | None = None) -> AnswerShape:
         chunk_choice=chunk_choice,
         response=CompletionResponse,
         response_choice=response_choice,
+        is_resumable=echo is None,
     )

@@ -60,6 +60,13 @@ class IncrementalDetokenizer:
                 return self._release(is_final=True)
         return self._release(is_final=False)
 
+    def resume(self, token_ids: list[int], num_emitted_chars: int) -> None:
+        """Continue a stream another detokenizer began: ``token_ids`` were added there and
+        ``num_emitted_chars`` characters of their text released. What it held back is
+        released here later (or cut by a stop string that the next tokens complete)."""
+        self.add_tokens(token_ids)
+        self._num_emitted_chars = min(num_emitted_chars, len(self._text))
+
     def _find_stop(self, search_from: int) -> int | None:
         positions = [self._text.find(s, search_from) for s in self._stop]
         found = [p for p in positions if p >= 0]

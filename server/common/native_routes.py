@@ -28,6 +28,8 @@ from utils.openapi import json_body
 
 def _native_job(service: GenerationService, body: GenerateRequest, record: RequestRecord) -> Job:
     service.check_model(body.model)
+    if body.resume is not None:
+        return service.make_resumed_job(body.resume, body.generation_config, record)
     if body.messages is not None:
         prompt = service.prompts.render_chat(body.messages)
         token_ids = service.prompts.encode(prompt, is_chat=True)

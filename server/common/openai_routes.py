@@ -52,6 +52,8 @@ def _completion_job(
     """The job of a completions request, and what it echoes (None without ``echo``)."""
     service.check_model(body.model)
     config = _generation_config(body)
+    if body.resume is not None:  # the prompt was echoed before the switch
+        return service.make_resumed_job(body.resume, config, record), None
     texts = body.prompts()
     prompts = [
         service.prompts.check_token_ids(p) if isinstance(p, list) else service.prompts.encode(p)
@@ -82,6 +84,8 @@ def _chat_job(
     forced = body.forced_function
     if forced is not None:  # required, or a named function: the output is one call
         config.json_schema = call_schema(tools, forced or None)
+    if body.resume is not None:
+        return service.make_resumed_job(body.resume, config, record)
     prompt = service.prompts.render_chat(
         body.messages,
         add_generation_prompt=body.add_generation_prompt,
@@ -209,6 +213,7 @@ def _chat_with_tools(is_constrained: bool) -> AnswerShape:
         chunk_choice=chunk_choice,
         response=ChatCompletionResponse,
         response_choice=response_choice,
+        is_resumable=False,
     )
 
 

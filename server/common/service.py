@@ -15,11 +15,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
 from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel
 
 from protocol.generation import FinishReason, GenerationConfig, TokenLogprob, Usage
+from protocol.resume import STREAM_COMMENT, STREAM_TOKENS_HEADER, TOKENS_COMMENT, StreamResume
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.metrics import ServerMetrics
 from server.common.prompting import PromptProcessor
@@ -80,16 +82,40 @@ class Job:
     #: The generated tokens are not part of the answer (``echo`` with ``max_tokens`` 0):
     #: they are not counted as completion tokens either.
     is_output_dropped: bool = False
+    #: The answer's index of each sequence's first choice (None: sequence i, choice j ->
+    #: i * n + j).
+    choice_offsets: list[int] | None = None
+    #: A resumed stream: its answer's creation time, the choices its stream opened already,
+    #: and the completion tokens streamed before (usage counts them).
+    created: int | None = None
+    opened_choices: set[int] = field(default_factory=set)
+    num_earlier_completion_tokens: int = 0
+
+    @property
+    def is_resumable(self) -> bool:
+        """True when another server could finish this job's stream from its token ids: one
+        prompt, and no beam search (a beam is chosen at the end, not token by token)."""
+        is_one_prompt = len(self.sequences) == 1 or self.choice_offsets is not None
+        return is_one_prompt and not self.sequences[0].config.is_beam_search
+
+    def offset_of(self, sequence_index: int) -> int:
+        """The answer's index of sequence ``sequence_index``'s first choice."""
+        if self.choice_offsets is not None:
+            return self.choice_offsets[sequence_index]
+        return sequence_index * self.num_choices_per_sequence
 
     @property
     def num_prompt_tokens(self) -> int:
-        """Prompt tokens over all prompts of the call."""
+        """Prompt tokens over all prompts of the call (a resumed stream's choices share one)."""
+        if self.choice_offsets is not None:
+            return self.sequences[0].num_prompt_tokens
         return sum(s.num_prompt_tokens for s in self.sequences)
 
     def usage(self, num_completion_tokens: int) -> Usage:
         """Usage figures for the call."""
         if self.is_output_dropped:
             num_completion_tokens = 0
+        num_completion_tokens += self.num_earlier_completion_tokens
         return Usage(
             prompt_tokens=self.num_prompt_tokens,
             completion_tokens=num_completion_tokens,
@@ -194,6 +220,35 @@ class GenerationService:
         record.num_choices = len(sequences) * job.num_choices_per_sequence
         return job
 
+    def make_resumed_job(
+        self, resume: StreamResume, config: GenerationConfig, record: RequestRecord
+    ) -> Job:
+        """The job that finishes a broken stream's choices (``protocol.resume``): one
+        sequence per unfinished choice, each continuing from the tokens streamed so far."""
+        if config.is_beam_search:
+            raise APIError(400, "a beam search cannot be resumed", param="resume")
+        prompt = self.prompts.check_token_ids(resume.prompt_token_ids, "resume.prompt_token_ids")
+        # Each choice runs alone; the prompt was scored (echoed) before the switch.
+        config = config.model_copy(update={"num_return_sequences": 1, "prompt_logprobs": None})
+        job = self.make_job(resume.response_id, [prompt] * len(resume.choices), config, record)
+        constraint = self._output_constraint(config)
+        for sequence, choice in zip(job.sequences, resume.choices, strict=True):
+            self.prompts.check_token_ids(choice.token_ids, "resume.choices.token_ids")
+            sequence.resumed_token_ids = list(choice.token_ids)
+            sequence.num_resumed_text_chars = choice.num_text_chars
+            sequence.choice_index = choice.index
+            if constraint is not None:
+                sequence.grammar = self._matcher(constraint)
+                if not all(sequence.grammar.accept(t) for t in choice.token_ids):
+                    raise APIError(
+                        400, "the resumed tokens do not follow the output grammar", param="resume"
+                    )
+        job.choice_offsets = [choice.index for choice in resume.choices]
+        job.created = resume.created
+        job.opened_choices = {choice.index for choice in resume.choices}
+        job.num_earlier_completion_tokens = resume.num_completion_tokens
+        return job
+
     def _output_constraint(self, config: GenerationConfig) -> OutputConstraint | None:
         """The request's structured-output constraint, its grammar compiled (cached) now, so
         that a schema that cannot be compiled is a 400 before anything runs."""
@@ -227,7 +282,9 @@ class GenerationService:
         try:
             async with asyncio.timeout(self.settings.request_timeout_seconds):
                 sequences = (
-                    self._iter_sequence(job.sequences[0], 0, job.num_choices_per_sequence)
+                    self._iter_sequence(
+                        job.sequences[0], job.offset_of(0), job.num_choices_per_sequence
+                    )
                     if len(job.sequences) == 1
                     else self._merge(job)
                 )
@@ -296,7 +353,9 @@ class GenerationService:
                 queue.put_nowait(exc)
 
         n = job.num_choices_per_sequence
-        tasks = [asyncio.create_task(pump(seq, i * n)) for i, seq in enumerate(job.sequences)]
+        tasks = [
+            asyncio.create_task(pump(seq, job.offset_of(i))) for i, seq in enumerate(job.sequences)
+        ]
         try:
             num_open = len(tasks)
             while num_open:
@@ -344,6 +403,7 @@ async def stream_events(
     envelope: Callable[..., BaseModel],
     choice_of: ChoiceEncoder,
     is_usage_streamed: bool,
+    is_tracked: bool = False,
 ) -> AsyncIterator[bytes]:
     """The SSE events of ``job`` in one API's shape: one per step (every choice ``choice_of``
     shows), then, if ``is_usage_streamed``, one with no choices and the usage.
@@ -351,23 +411,44 @@ async def stream_events(
     ``envelope`` is that API's chunk model (``GenerateStreamChunk``, ``CompletionResponse``,
     ``ChatCompletionChunk``), called with ``id``, ``model``, ``choices`` (and ``usage``); the
     step events reuse its serialised form (``ChunkEncoder``) and only encode their choices.
+    ``is_tracked`` (the gateway asked, the stream can be resumed) adds ``protocol.resume``'s
+    comment lines: the prompt's ids first, then each event's token ids and text length.
     """
     num_tokens = 0
-    opened: set[int] = set()
-    encoder = ChunkEncoder(envelope(id=job.request_id, model=model_id, choices=[]))
+    opened = set(job.opened_choices)
+    extra = {"created": job.created} if job.created is not None else {}
+    head = envelope(id=job.request_id, model=model_id, choices=[], **extra)
+    encoder = ChunkEncoder(head)
+    if is_tracked:
+        opening = {
+            "id": job.request_id,
+            "created": getattr(head, "created", None),
+            "prompt_token_ids": job.sequences[0].prompt_token_ids,
+        }
+        yield STREAM_COMMENT + orjson.dumps(opening) + b"\n\n"
     async for deltas in steps:
         choices: list[dict[str, Any]] = []
+        tokens: dict[str, list[Any]] = {}
         for delta in deltas:
             num_tokens += delta.num_new_tokens
             choice = choice_of(delta, delta.index not in opened)
             if choice is not None:
                 opened.add(delta.index)
                 choices.append(choice)
+            if is_tracked and (delta.token_ids or delta.text):
+                ids, num_chars = tokens.setdefault(str(delta.index), [[], 0])
+                ids.extend(delta.token_ids)
+                tokens[str(delta.index)][1] = num_chars + (len(delta.text) if choice else 0)
+        comment = TOKENS_COMMENT + orjson.dumps(tokens) + b"\n" if tokens else b""
         if choices:
-            yield encoder.encode(choices)
+            yield comment + encoder.encode(choices)
+        elif comment:
+            yield comment + b"\n"
     if is_usage_streamed:
         usage = job.usage(num_tokens)
-        yield encode_event(envelope(id=job.request_id, model=model_id, choices=[], usage=usage))
+        yield encode_event(
+            envelope(id=job.request_id, model=model_id, choices=[], usage=usage, **extra)
+        )
 
 
 @dataclass(frozen=True)
@@ -379,6 +460,9 @@ class AnswerShape:
     chunk_choice: ChoiceEncoder
     response: Callable[..., BaseModel]
     response_choice: Callable[[ChoiceResult], BaseModel]
+    #: False when a stream's text is not the deltas' text as they come (tool calls read at
+    #: the end, an echoed prompt): another server could not take it over from the ids.
+    is_resumable: bool = True
 
 
 async def answer_job(
@@ -396,13 +480,26 @@ async def answer_job(
     caller goes away first)."""
     if is_stream:
         steps = await prime(service.iter_steps(job))
+        is_tracked = (
+            request.headers.get(STREAM_TOKENS_HEADER) == "1"
+            and job.is_resumable
+            and shape.is_resumable
+        )
         return sse_response(
             stream_events(
-                job, service.model_id, steps, shape.chunk, shape.chunk_choice, is_usage_streamed
+                job,
+                service.model_id,
+                steps,
+                shape.chunk,
+                shape.chunk_choice,
+                is_usage_streamed,
+                is_tracked,
             )
         )
     results = await run_unless_disconnected(request, service.collect(job))
+    extra = {"created": job.created} if job.created is not None else {}
     whole = shape.response(
+        **extra,
         id=job.request_id,
         model=service.model_id,
         choices=[shape.response_choice(r) for r in results],

@@ -23,6 +23,7 @@ blocks), :mod:`~server.continuous_batching.text_deltas` (text and stop strings),
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from server.common.backend import TextDelta
@@ -37,6 +38,7 @@ from server.continuous_batching.decoding_steps import (
     StepTokens,
     TokenSampler,
 )
+from server.continuous_batching.draw_keys import draw_key
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 from server.continuous_batching.sequence_forks import finish_all, fork_beams, fork_samples
 from server.continuous_batching.text_deltas import TextDeltaMaker
@@ -45,6 +47,14 @@ from server.continuous_batching.token_acceptance import (
     row_params_for,
     stop_token_ids_for,
 )
+
+
+def _draw_key_of(group: SequenceGroup, seq: Sequence) -> int:
+    """The key of ``seq``'s next seeded draw: the request's seed, the choice's index in the
+    answer, the token's position in the output (see ``draw_keys``)."""
+    assert group.config.seed is not None
+    return draw_key(group.config.seed, group.choice_offset + seq.choice_index, seq.num_generated)
+
 
 if TYPE_CHECKING:  # annotations only: this module stays free of torch
     import torch
@@ -74,6 +84,12 @@ class Decoder:
         group.stop_token_ids = stop_token_ids_for(group.config, self.eos_token_ids)
         for seq in group.seqs:
             seq.detokenizer = self.text.new_detokenizer(group)
+
+    def resume(self, seq: Sequence, token_ids: list[int], num_text_chars: int) -> None:
+        """Prime ``seq``'s detokenizer with the tokens another server generated for it, of
+        whose text the caller has ``num_text_chars`` characters: what was held back (half a
+        character, the start of a possible stop string) comes with the next text."""
+        seq.detokenizer.resume(token_ids, num_text_chars)
 
     def launch(
         self, groups: list[tuple[SequenceGroup, list[Sequence]]], logits: torch.Tensor
@@ -179,10 +195,13 @@ class Decoder:
         if len(entry.seqs) == 1 and entry.seqs[0].num_generated == 0 and num_choices > 1:
             # First token of n samples: the prompt's logits row serves every choice.
             parent = entry.seqs[0]
-            params = [row_params_for(group, parent)] * num_choices
+            base = row_params_for(group, parent)
             children = fork_samples(
                 group, parent, num_choices, self.block_manager, self.text.new_detokenizer
             )
+            params = [base] * num_choices
+            if group.config.seed is not None:  # each choice draws with its own key
+                params = [replace(base, draw_key=_draw_key_of(group, child)) for child in children]
             return PreparedRows(entry, entry.rows * num_choices, params, children)
         live = [
             (row, seq)
@@ -192,6 +211,9 @@ class Decoder:
         if not live:
             return None
         params = [row_params_for(group, seq) for _, seq in live]
+        if group.config.seed is not None:
+            for row_params, (_, seq) in zip(params, live, strict=True):
+                row_params.draw_key = _draw_key_of(group, seq)
         return PreparedRows(entry, [row for row, _ in live], params, [seq for _, seq in live])
 
     def _sample_each(

@@ -24,7 +24,7 @@ from server.continuous_batching.block_manager import BlockManager
 from server.continuous_batching.decoding import Decoder, RequestOutput, StepTokens
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
 from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.sampler import LogitsSampler, make_generator
+from server.continuous_batching.sampler import LogitsSampler
 from server.continuous_batching.scheduler import Scheduler
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
@@ -137,6 +137,8 @@ class LLMEngine:
             raise EngineError(400, "the prompt is empty")
         if config.max_new_tokens is None:
             raise EngineError(400, "max_new_tokens must be set")
+        if len(request.resumed_token_ids) >= config.max_new_tokens:
+            raise EngineError(400, "the resumed choice has no token left to generate")
         if request.num_prompt_tokens + config.max_new_tokens > self.max_model_len:
             raise EngineError(
                 400,
@@ -145,16 +147,19 @@ class LLMEngine:
             )
         if len(self.scheduler.waiting) >= self.config.batcher_config.max_num_waiting:
             raise EngineError(503, "the engine's queue is full; retry later")
-        # The sequence's own token list: it grows, the request's prompt stays as sent.
-        seq = Sequence(list(request.prompt_token_ids), request.num_prompt_tokens)
+        # The sequence's own token list: it grows, the request's prompt stays as sent. A
+        # resumed choice starts with the tokens generated elsewhere, as its own output.
+        token_ids = [*request.prompt_token_ids, *request.resumed_token_ids]
+        seq = Sequence(token_ids, request.num_prompt_tokens)
         seq.grammar = request.grammar
         group = SequenceGroup(request.request_id, [seq], config, request.arrival_time)
+        group.choice_offset = request.choice_index
         reason = self.scheduler.why_never_fits(group)
         if reason is not None:
             raise EngineError(400, reason)
-        if config.do_sample:
-            group.generator = make_generator(config.seed, self.runner.device)
         self.decoder.start(group)
+        if request.resumed_token_ids:
+            self.decoder.resume(seq, request.resumed_token_ids, request.num_resumed_text_chars)
         self.groups[request.request_id] = group
         self.scheduler.add(group)
 

@@ -39,6 +39,9 @@ class RowParams:
     min_p: float = 0.0  # 0 disables min-p
     logit_bias: dict[int, float] = field(default_factory=dict)
     generator: torch.Generator | None = None  # None draws from the global RNG
+    # A seeded row's draw seeds a generator afresh with this key (draw_keys.draw_key of the
+    # seed, the choice and the position); set per step by the decoder, it wins over generator.
+    draw_key: int | None = None
     # Ids scored -inf this step, e.g. EOS + stop ids while min_new_tokens is not reached.
     banned_token_ids: list[int] = field(default_factory=list)
     # Prompt + generated ids. HF's repetition penalty covers them all (input_ids holds the

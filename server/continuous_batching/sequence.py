@@ -107,6 +107,9 @@ class SequenceGroup:
     generator: Any = None
     beam_state: BeamSearchState | None = None
     num_preemptions: int = 0
+    # The answer's index of this request's first choice: 0, or the choice a resumed stream
+    # continues (its seeded draws are keyed by it).
+    choice_offset: int = 0
     # With ``config.prompt_logprobs``: entry p scores prompt token p + 1 (filled as the
     # prompt's chunks run), and the choices that were shown them already.
     prompt_logprobs: list[RowLogprobs] = field(default_factory=list)
