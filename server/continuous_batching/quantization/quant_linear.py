@@ -7,9 +7,12 @@ Two backends, same numbers up to rounding:
   128 or 256 rows, ``out % 16 == 0``). It dequantises tile by tile in registers: at decode
   batch sizes it beats the dense bfloat16 matmul, which has to stream four times the bytes;
   at prefill sizes (hundreds of tokens) it is slower than dequantise-then-matmul.
+* on CUDA with Triton, one Triton kernel (``triton_int4``) over the portable layout below,
+  dequantising tile by tile in registers (any group layout, act-order included);
 * a portable path (any device, any dtype, any group layout): unpack the codes into a
   compute-dtype weight, subtract the zero points, scale, then a dense matmul. It costs a few
-  elementwise passes over the weight per call.
+  elementwise passes over the weight per call; it is the reference the kernels are tested
+  against.
 
 The kernel's dequantisation is ``(q - 8) * scale + zero`` with a zero in weight units; GPTQ's
 ``scale * (q - zero_point)`` maps onto it as ``zero = scale * (8 - zero_point)``.
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import torch
 
+from . import triton_int4
 from .gptq import GPTQConfig, default_g_idx, unpack_rows, unpack_zeros
 
 #: Use torch's CPU int4 kernel where it applies (the benchmark switches it off to compare).
@@ -71,6 +75,8 @@ class QuantLinear:
         self.dtype = scales.dtype
         #: (kernel-packed weight, scales-and-zeros [groups, out, 2], group size) once converted.
         self.kernel: tuple[torch.Tensor, torch.Tensor, int] | None = None
+        #: int32 group of every (sorted) input row, built for the Triton kernel on first use.
+        self.g_idx: torch.Tensor | None = None
 
     @classmethod
     def from_gptq(
@@ -102,7 +108,7 @@ class QuantLinear:
         bias = tensors.get("bias")
         return cls(
             packed=codes[:half] | (codes[half:] << 4),
-            zeros=zeros.to(dtype),
+            zeros=zeros.to(dtype).contiguous(),  # unpacked as a transposed view
             scales=scales,
             perm=perm,
             row_groups=None if uniform else g_idx,
@@ -163,6 +169,7 @@ class QuantLinear:
     def nbytes(self) -> int:
         """Bytes held by this layer's tensors."""
         tensors = [self.packed, self.zeros, self.scales, self.perm, self.row_groups, self.bias]
+        tensors.append(self.g_idx)
         tensors += list(self.kernel[:2]) if self.kernel else []
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
@@ -173,7 +180,27 @@ class QuantLinear:
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x.contiguous(), weight, group_size, scales_zeros
             )
+        if self.uses_triton:
+            return triton_int4.int4_matmul(
+                x, self.packed, self.zeros, self.scales, self.row_group_index()
+            )
         return torch.mm(x, self.weight())
+
+    @property
+    def uses_triton(self) -> bool:
+        """True when the Triton int4 kernel runs this layer (CUDA with Triton)."""
+        return self.kernel is None and triton_int4.is_available(self.packed.device)
+
+    def row_group_index(self) -> torch.Tensor:
+        """The group of every (sorted) input row, int32 [in] (built once)."""
+        if self.g_idx is None:
+            if self.row_groups is not None:
+                groups = self.row_groups
+            else:
+                size = self.in_features // self.num_groups
+                groups = torch.arange(self.in_features, device=self.packed.device) // size
+            self.g_idx = groups.to(torch.int32).contiguous()
+        return self.g_idx
 
     def weight(self) -> torch.Tensor:
         """The dequantised weight [in, out] (rows in ``perm`` order) in the compute dtype."""
@@ -206,7 +233,7 @@ class QuantLinear:
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)`` for 2-D x and residual (the add fused where possible)."""
         x = self._input(x)
-        if self.kernel is not None:
+        if self.kernel is not None or self.uses_triton:
             y = self._matmul(x).add_(residual)
         else:
             y = torch.addmm(residual, x, self.weight())
