@@ -63,6 +63,8 @@ class FailoverReport:
     #: The gateway's in-flight count on the killed server just before the kill.
     num_in_flight_at_kill: int = 0
     num_retries: int = 0
+    #: Streams that broke off on the killed server and went on from the other one.
+    num_resumed: int = 0
     num_fallbacks: int = 0
     seconds_to_mark_down: float | None = None
     seconds_to_mark_up: float | None = None
@@ -91,12 +93,20 @@ def metric_sum(text: str, name: str, **labels: str) -> float:
 class Deployment:
     """Server and gateway processes in a temporary folder, stopped together."""
 
-    def __init__(self, folder: Path, heartbeat_interval: float, num_threads: int) -> None:
+    def __init__(
+        self,
+        folder: Path,
+        heartbeat_interval: float,
+        num_threads: int,
+        num_servers: int = 2,
+        dtype: str = "bfloat16",
+    ) -> None:
         self.folder = folder
         self.heartbeat_interval = heartbeat_interval
         self.num_threads = num_threads
+        self.dtype = dtype
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.server_ports = [free_port(), free_port()]
+        self.server_ports = [free_port() for _ in range(num_servers)]
         self.gateway_port = free_port()
 
     @property
@@ -120,7 +130,7 @@ class Deployment:
         config = {
             "model_loading_config": {
                 "model_name_or_path": str(default_model_dir()),
-                "torch_dtype": "bfloat16",
+                "torch_dtype": self.dtype,
                 "num_threads": self.num_threads,
             },
             "cache_config": {"memory_budget_gb": 0.25, "num_blocks_cpu": 64},
@@ -131,9 +141,11 @@ class Deployment:
         self._spawn(f"cb_{index}", [*args, "--port", str(self.server_ports[index])])
 
     def start_gateway(self) -> None:
-        """Start the gateway over both servers."""
+        """Start the gateway over every server."""
         config = {
-            "continuous_batching_server_urls": [self.server_url(0), self.server_url(1)],
+            "continuous_batching_server_urls": [
+                self.server_url(i) for i in range(len(self.server_ports))
+            ],
             "heart_beat_interval_seconds": self.heartbeat_interval,
             "num_failures_to_mark_down": 2,
             "health_timeout_seconds": 1,
@@ -297,6 +309,7 @@ async def _load_with_kill(
     metrics = (await client.get(f"{base}/metrics")).text
     report.num_retries = int(metric_sum(metrics, "gateway_retries_total"))
     report.num_fallbacks = int(metric_sum(metrics, "gateway_fallbacks_total"))
+    report.num_resumed = int(metric_sum(metrics, "gateway_resumed_streams_total"))
     report.num_broken_on_killed = int(
         metric_sum(metrics, "gateway_requests_total", backend=victim, outcome="upstream_broken")
     )

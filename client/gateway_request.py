@@ -18,6 +18,7 @@ from utils.request_id import new_request_id
 if TYPE_CHECKING:
     from client.backends.backend import Backend
     from client.backends.plan import Plan
+    from client.forwarding.stream_tokens import StreamTokens
 
 #: Where a request may go: ``auto`` (the servers' tiers, then the fallback tier: OpenAI
 #: jumpers), ``local`` (never to the fallback tier) or ``openai`` (the fallback tier only).
@@ -57,6 +58,9 @@ class GatewayRequest:
     attempts: list[str] = field(default_factory=list, repr=False)
     #: Each asked backend's plan for this request, kept by ``Backend.plan_for``.
     plans: dict[Backend, Plan] = field(default_factory=dict, repr=False)
+    #: A continuation of a broken stream (``protocol.resume``): the stream's tracker, which
+    #: the new server's stream goes on feeding. None for a caller's own request.
+    resume_tracker: StreamTokens | None = field(default=None, repr=False)
     _native_form: GatewayRequest | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:

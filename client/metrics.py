@@ -37,6 +37,9 @@ Outcome = Literal[
 RetryReason = Literal[
     "unreachable", "upstream_broken", "overloaded", "server_error", "key_refused", "abandoned"
 ]
+#: Why a stream was resumed: its connection broke, it ended without its last event, it fell
+#: silent past the read timeout, or heartbeats marked its server down.
+ResumeCause = Literal["broken", "eof", "timeout", "marked_down"]
 #: Why a request went to an OpenAI jumper although its route was "auto".
 FallbackReason = Literal["no_local_server", "local_failed"]
 
@@ -132,6 +135,12 @@ class GatewayMetrics:
             ["backend", "reason"],
             registry=self.collector_registry,
         )
+        self._resumed = Counter(
+            "gateway_resumed_streams",
+            "Streams that broke off mid-answer and went on from another server, by cause",
+            ["backend", "cause"],
+            registry=self.collector_registry,
+        )
         self._fallbacks = Counter(
             "gateway_fallbacks",
             "Requests sent to an OpenAI jumper because no local server could take them",
@@ -159,6 +168,10 @@ class GatewayMetrics:
     def count_retry(self, backend: Backend, reason: RetryReason) -> None:
         """An attempt on ``backend`` failed in a way another backend may not."""
         self._retries.labels(backend.name, reason).inc()
+
+    def count_resumed(self, backend: Backend, cause: ResumeCause) -> None:
+        """A stream that broke off on ``backend`` goes on from another server."""
+        self._resumed.labels(backend.name, cause).inc()
 
     def count_fallback(self, reason: FallbackReason) -> None:
         """A request goes to an OpenAI jumper."""

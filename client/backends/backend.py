@@ -45,6 +45,9 @@ class Backend(abc.ABC):
     noun: ClassVar[str]
     #: The kind's keys in the gateway config (``ClientConfig`` inherits from every section).
     section: ClassVar[type[BaseModel]]
+    #: True when the kind streams its token ids and finishes another server's broken stream
+    #: from them (``protocol.resume``): our generating servers.
+    is_resumable: ClassVar[bool] = False
 
     url: str
     health: BackendHealth = field(default_factory=BackendHealth)

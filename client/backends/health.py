@@ -40,7 +40,8 @@ class BackendHealth:
     last_checked_at: float | None = None
     num_requests: int = 0
     num_failures: int = 0
-    #: Callbacks that abandon the attempts still waiting for this server's first byte.
+    #: Callbacks that abandon the attempts still waiting for this server's first byte, and
+    #: the resumable streams it is sending (they go on from another server).
     waiting_attempts: set[Callable[[], None]] = field(default_factory=set)
 
     def is_routable(self, now: float | None = None) -> bool:

@@ -63,6 +63,12 @@ class ClientConfig(ConnectionLimits, *_SECTIONS):
     max_attempts: int = Field(
         default=3, ge=1, description="servers tried per request before the caller gets an error"
     )
+    max_stream_resumes: int = Field(
+        default=2,
+        ge=0,
+        description="times a stream from one of our servers that dies mid-answer is resumed on "
+        "another (0: never); 1 when a server died within a second of taking it",
+    )
     retry_backoff_seconds: float = Field(
         default=0.05, ge=0, description="base of the jittered exponential backoff between tries"
     )

@@ -23,10 +23,12 @@ from client.backends.backend import Backend
 from client.backends.lease import InFlightLease
 from client.backends.translation import Translation
 from client.config.schema import ClientConfig
-from client.forwarding.stream_relay import StreamRelay, returned_headers
+from client.forwarding.stream_relay import StreamRelay, UpstreamStream, returned_headers
+from client.forwarding.stream_tokens import StreamTokens
 from client.gateway_request import GatewayRequest
 from client.metrics import GatewayMetrics, Outcome, outcome_of_status
 from protocol import errors as error_types
+from protocol.resume import STREAM_TOKENS_HEADER
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -146,6 +148,8 @@ class AttemptRunner:
             "x-request-id": request.request_id,
         }
         headers.update(backend.request_headers())
+        if _is_tracked(attempt):
+            headers[STREAM_TOKENS_HEADER] = "1"
         client = self.upstream_client if backend.uses_proxy else self.local_client
         if translation is not None:
             path, body = translation.request()
@@ -279,7 +283,9 @@ class AttemptRunner:
     async def _stream_answer(self, attempt: _Attempt, response: httpx.Response) -> Response:
         """Prime the stream (read its first chunk), then relay the rest as it comes."""
         backend, lease, request, translation = attempt.parts()
-        translator = backend.stream_filter(translation.stream() if translation else None)
+        # A resumable stream is tracked: the same tracker goes on across a resume.
+        tracker = (request.resume_tracker or StreamTokens()) if _is_tracked(attempt) else None
+        translator = backend.stream_filter(translation.stream() if translation else tracker)
         # Relayed as received: with nothing to translate or decompress, the raw bytes skip
         # httpx's decoder and re-chunker (the events are neither parsed nor re-encoded).
         is_passthrough = translator is None and "content-encoding" not in response.headers
@@ -297,13 +303,15 @@ class AttemptRunner:
         except httpx.HTTPError as exc:  # cancellation is handled by the caller, _attempt_task
             raise self._transport_failure(attempt, exc) from None
 
-        def on_close(outcome: Outcome) -> None:
+        def on_close(outcome: Outcome, is_request_over: bool) -> None:
             is_failure = None if outcome == "cancelled" else outcome != "ok"
             lease.release(is_failure=is_failure)
             self._observe(lease, request, outcome)
-            self.finish(request, outcome, backend)
+            if is_request_over:
+                self.finish(request, outcome, backend)
 
-        return StreamRelay(response, first_chunk, chunks, on_close, translator)
+        upstream = UpstreamStream(backend, lease, response, first_chunk, chunks, on_close)
+        return StreamRelay(upstream, translator, tracker)
 
     def _cancelled(self, backend: Backend, lease: InFlightLease, request: GatewayRequest) -> None:
         """An attempt was cancelled: the caller went away, or the backend was marked down
@@ -334,6 +342,14 @@ class AttemptRunner:
             time.monotonic() - request.received_at,
             ", ".join(request.attempts) or "none",
         )
+
+
+def _is_tracked(attempt: _Attempt) -> bool:
+    """True when the attempt's stream is asked for its token ids: a stream from a kind that
+    can resume one (our servers), sent as the caller wrote it."""
+    return (
+        attempt.request.is_stream and attempt.backend.is_resumable and attempt.translation is None
+    )
 
 
 def _is_request_failure(body: bytes) -> bool:

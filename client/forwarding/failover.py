@@ -8,9 +8,10 @@ server died mid-request, 429/503 overload, 500/502, a jumper key refused or rate
 retried on another backend, after a jittered exponential backoff, up to ``max_attempts`` local
 servers and then up to ``max_attempts`` jumper keys. Streams are primed (the first chunk is
 read before the caller gets the status line), so a server that dies before its first chunk
-costs nothing. After the first byte was relayed nothing is retried: the caller gets an error
-event in the stream. Timeouts are never retried (the same request would likely time out
-again, doubling the wait).
+costs nothing. After the first byte was relayed nothing is retried, except that a stream from
+one of our servers is resumed on another (``client.forwarding.resume``); otherwise the caller
+gets an error event in the stream. A timeout before the first byte is never retried (the same
+request would likely time out again, doubling the wait).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from client.backends.lease import InFlightLease
 from client.balancing.router import Router
 from client.config.schema import ClientConfig
 from client.forwarding.attempt import AttemptRunner, Retryable
+from client.forwarding.resume import StreamResumer
+from client.forwarding.stream_relay import StreamRelay
 from client.gateway_request import GatewayRequest
 from client.metrics import GatewayMetrics
 from utils.errors import APIError
@@ -111,10 +114,14 @@ class Proxy:
             lease = InFlightLease(backend)
             tried.append(backend)
             try:
-                return await self.attempts.run(backend, lease, request)
+                response = await self.attempts.run(backend, lease, request)
             except Retryable as failure:
                 self.metrics.count_retry(backend, failure.reason)
                 last_failure = failure
+                continue
+            if isinstance(response, StreamRelay) and response.tracker is not None:
+                response.resumer = StreamResumer(self, request, tried, response.tracker)
+            return response
         assert last_failure is not None
         self.attempts.finish(request, "failed_over", tried[-1])
         return last_failure.response

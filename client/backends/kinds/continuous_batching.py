@@ -27,5 +27,6 @@ class ContinuousBatchingServer(OurServer):
     kind = "continuous_batching"
     noun = "continuous-batching server"
     section = ContinuousBatchingSection
+    is_resumable = True
     urls_key = "continuous_batching_server_urls"
     dns_key = "continuous_batching_server_dns"

@@ -27,6 +27,7 @@ class StaticBatchingServer(OurServer):
     kind = "static_batching"
     noun = "static-batching server"
     section = StaticBatchingSection
+    is_resumable = True
     tier = "second"
     urls_key = "static_batching_server_urls"
     dns_key = "static_batching_server_dns"
