@@ -11,6 +11,7 @@ server is never passed on, nor counted: what the caller got and what is counted 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,8 +20,8 @@ from protocol.resume import STREAM_COMMENT, TOKENS_COMMENT, ResumedChoice, Strea
 
 _EVENT_END = b"\n\n"
 _DONE = b"data: [DONE]"
-#: A choice that ended: every chunk shape (native, completions, chat) writes it so.
-_FINISHED = b'"finish_reason":"'
+#: A choice that ended: every chunk shape (native, completions, chat) names its reason.
+_FINISHED = re.compile(rb'"finish_reason":\s*"')
 
 
 @dataclass
@@ -89,7 +90,7 @@ class StreamTokens(StreamTranslator):
         out = b"\n".join(kept)
         if out.startswith(_DONE):
             self.is_done = True
-        elif _FINISHED in out:
+        elif _FINISHED.search(out):
             self._finish(out)
         self.num_events += 1
         return out + _EVENT_END
@@ -143,11 +144,6 @@ class StreamTokens(StreamTranslator):
         data = json.loads(body)
         data["resume"] = resume.model_dump(exclude_none=True)
         return json.dumps(data).encode()
-
-    @property
-    def num_unfinished(self) -> int:
-        """Choices seen that have not finished (a resume needs at least one... or none seen)."""
-        return sum(not c.is_finished for c in self.choices.values())
 
 
 def num_choices_of(body: bytes) -> int:

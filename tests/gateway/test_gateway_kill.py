@@ -1,7 +1,7 @@
 """A real CB server SIGKILLed under a 200-request load behind a real gateway (all processes).
 
-Costs at most the requests in flight on it: non-streaming ones and streams that had not sent
-a byte are retried on the other server; streams that had started end with an error event.
+Costs no request: non-streaming ones and streams that had not sent a byte are retried on the
+other server, and streams that had started are resumed there (``client.forwarding.resume``).
 Nothing hangs; the gateway marks the server down within two heartbeat intervals; once
 restarted it gets traffic again.
 """
@@ -13,7 +13,7 @@ import asyncio
 from benchmarks.failover import run_failover
 
 
-def test_sigkill_under_load_costs_at_most_the_requests_in_flight() -> None:
+def test_sigkill_under_load_costs_no_request() -> None:
     concurrency, interval = 16, 1.0
     report = asyncio.run(
         run_failover(num_requests=200, concurrency=concurrency, heartbeat_interval=interval)
@@ -21,8 +21,7 @@ def test_sigkill_under_load_costs_at_most_the_requests_in_flight() -> None:
     assert report.num_hung == 0, report
     assert report.num_succeeded + report.num_errors == 200, report
     assert 0 < report.num_broken_on_killed <= concurrency, report
-    assert report.num_errors <= report.num_broken_on_killed, report
-    assert all("stream error event" in message for message in report.error_messages), report
+    assert report.num_errors == 0, report
     # Two failed heartbeats mark it down; the bound allows for the health timeout (1 s) of the
     # second one. It bounds a hang, it is not a speed measurement.
     assert report.seconds_to_mark_down is not None
