@@ -153,7 +153,14 @@ class StaticBatchingBackend(GenerationBackend):
         await self.batcher.stop()
 
     async def stream(self, request: SequenceRequest) -> AsyncIterator[list[TextDelta]]:
-        """Yield delta batches until every choice finished; closing early aborts the request."""
+        """Yield delta batches until every choice finished; closing early aborts the request.
+
+        A request with ``resumed_token_ids`` (``protocol.resume``) continues its choice from
+        those tokens as its own output (see :mod:`server.static_batching.worker`): greedy
+        gives the undisturbed run's continuation. Seeded sampling does not reproduce the first
+        server's draws (``generate`` draws from one generator seeded per call, not per choice
+        and position as the continuous-batching engine does): the resumed text differs there.
+        """
         self._check(request)
         state = self.batcher.submit(request)
         num_open = state.num_choices
@@ -177,6 +184,12 @@ class StaticBatchingBackend(GenerationBackend):
         max_new_tokens = request.config.max_new_tokens
         if max_new_tokens is None:
             raise APIError(400, "max_new_tokens must be set", param="max_new_tokens")
+        if request.resumed_token_ids:
+            if request.config.is_beam_search:  # the service refuses it first
+                raise APIError(400, "a beam search cannot be resumed", param="resume")
+            if len(request.resumed_token_ids) >= max_new_tokens:  # as the CB engine says it
+                raise APIError(400, "the resumed choice has no token left to generate")
+        # The resumed tokens are part of max_new_tokens: the prompt's figure covers them.
         if request.num_prompt_tokens + max_new_tokens > self.max_model_len:
             raise APIError(
                 400,

@@ -11,6 +11,10 @@ A package is one call of transformers ``generate``. Rules:
   request waits at most ``packaging_interval_seconds`` after its arrival for company, so no
   request waits forever and none is dropped;
 * a seeded request runs alone, so its output does not depend on what else is queued.
+
+A resumed request (``protocol.resume``) packs like any other of its key: its resumed tokens
+end its row's input (left-padded like a longer prompt) and the limits and penalties they count
+toward are per row in the worker, so they stay out of the key; beam search is never resumed.
 """
 
 from __future__ import annotations

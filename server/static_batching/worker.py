@@ -9,6 +9,19 @@ streamer could only end its row one (wasted, miscounted) token later.
 
 Beam search cannot stream in transformers, so beam packages answer once, at the end.
 
+A resumed choice (``protocol.resume``: ``SequenceRequest.resumed_token_ids``, the tokens another
+server streamed before it died) continues as if this worker had generated those tokens: its row's
+input is the prompt followed by them, they count toward its ``max_new_tokens`` and
+``min_new_tokens`` and, as output, toward its presence and frequency penalties (the repetition
+penalty covers prompt and output, so it sees them either way), and its detokenizer is primed with
+them and the characters the caller has, so that the text goes on from there (held-back text and
+stop strings that straddle the switch included). Only new tokens are streamed and counted in the
+deltas. So a greedy row gives the undisturbed run's tokens. Seeded sampling does not: a seeded
+package draws from transformers' global generator seeded once per ``generate`` call, so the
+resumed draws are not the ones the first server would have made (the continuous-batching engine
+keys each draw by seed, choice and position; ``generate`` has no per-step hook for that). The
+answer stays whole; only its sampled continuation differs.
+
 OpenAI's knobs (``logit_bias``, ``presence_penalty``, ``frequency_penalty``, ``min_p``) are
 applied with the CB engine's definitions (:mod:`server.common.logit_knobs`) in vLLM's order.
 transformers runs the processors a caller passes after its own processors and before its
@@ -72,7 +85,11 @@ class _Row:
     choice_index: int
     detokenizer: IncrementalDetokenizer
     end_token_ids: frozenset[int]
+    #: Tokens generated here (the deltas count these).
     num_tokens: int = 0
+    #: Tokens another server generated for this choice before the switch (the row's input
+    #: ends with them): they count toward the row's limits as its own output.
+    num_resumed: int = 0
     pending_token_ids: list[int] = field(default_factory=list)
     is_finished: bool = False
 
@@ -80,6 +97,17 @@ class _Row:
     def config(self) -> GenerationConfig:
         """The decoding parameters of the row's request."""
         return self.state.request.config
+
+    @property
+    def num_generated(self) -> int:
+        """The choice's output tokens so far: resumed ones and those generated here."""
+        return self.num_resumed + self.num_tokens
+
+    @property
+    def num_left(self) -> int:
+        """Tokens the row may still generate here (``max_new_tokens`` less its output)."""
+        assert self.config.max_new_tokens is not None
+        return self.config.max_new_tokens - self.num_generated
 
     def step(self, token_id: int) -> TextDelta | None:
         """Take the row's next token; return a delta when there is text or the row ends."""
@@ -92,8 +120,7 @@ class _Row:
         text = self.detokenizer.add_tokens([token_id])
         if self.detokenizer.is_stopped:
             return self.finish("stop", text)
-        assert self.config.max_new_tokens is not None
-        if self.num_tokens >= self.config.max_new_tokens:
+        if self.num_left <= 0:
             return self.finish("length", text)
         # Tokens that do not make final text yet are counted in the next delta.
         return self._delta(text, None) if text else None
@@ -161,7 +188,7 @@ class _MinNewTokensProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
         for i, row in enumerate(self.rows):
-            is_done = row.is_finished or row.num_tokens >= row.config.min_new_tokens
+            is_done = row.is_finished or row.num_generated >= row.config.min_new_tokens
             if is_done or not row.end_token_ids:
                 continue
             end_ids = list(row.end_token_ids)
@@ -193,17 +220,30 @@ class _LogitBiasProcessor(LogitsProcessor):
 
 
 class _AdditivePenaltiesProcessor(LogitsProcessor):
-    """Each row's frequency and presence penalties over its generated tokens: the columns of
-    ``input_ids`` past the (left-padded) prompts, ``prompt_width`` of them."""
+    """Each row's frequency and presence penalties over its output tokens: the columns of
+    ``input_ids`` past the (left-padded) inputs, ``input_width`` of them, and, for a resumed
+    row, the last ``num_resumed`` columns of its input (the tokens generated before the
+    switch, which the row's input ends with)."""
 
-    def __init__(self, rows: list[_Row], prompt_width: int, device: torch.device) -> None:
-        self.prompt_width = prompt_width
+    def __init__(self, rows: list[_Row], input_width: int, device: torch.device) -> None:
         penalised = [
             i
             for i, row in enumerate(rows)
             if row.config.presence_penalty != 0.0 or row.config.frequency_penalty != 0.0
         ]
+        num_resumed = [rows[i].num_resumed for i in penalised]
+        most_resumed = max(num_resumed, default=0)
+        #: The first column read: the earliest resumed token of the penalised rows.
+        self.start = input_width - most_resumed
+        #: [r, most_resumed]: True where a read input column is not the row's output (the
+        #: prompt, or padding), replaced by the vocabulary size (ignored) at each step.
+        self.not_output = torch.tensor(
+            [[j < most_resumed - n for j in range(most_resumed)] for n in num_resumed],
+            dtype=torch.bool,
+            device=device,
+        ).reshape(len(penalised), most_resumed)
         self.rows = torch.tensor(penalised, dtype=torch.long, device=device)
+        self.is_any_resumed = most_resumed > 0
         self.frequency = torch.tensor(
             [[rows[i].config.frequency_penalty] for i in penalised], device=device
         )
@@ -212,9 +252,12 @@ class _AdditivePenaltiesProcessor(LogitsProcessor):
         )
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        generated = input_ids[self.rows, self.prompt_width :]
+        generated = input_ids[self.rows, self.start :]  # a copy: advanced indexing
         if generated.shape[1] == 0:
             return scores  # nothing generated yet: nothing to count
+        if self.is_any_resumed:
+            num_read = self.not_output.shape[1]
+            generated[:, :num_read].masked_fill_(self.not_output, scores.shape[1])
         scores[self.rows] = apply_additive_penalties(
             scores[self.rows], generated, self.frequency, self.presence
         )
@@ -290,10 +333,16 @@ class SBWorker:
         for state in package.states:
             config = state.request.config
             # One row per choice, so that num_return_sequences may differ between requests.
+            # A resumed choice's input ends with the tokens generated before the switch.
+            request = state.request
+            resumed = request.resumed_token_ids
             for index in range(config.num_return_sequences):
                 detokenizer = IncrementalDetokenizer(self.tokenizer, config.stop)
-                rows.append(_Row(state, index, detokenizer, self.end_token_ids(config)))
-                prompts.append(state.request.prompt_token_ids)
+                if resumed:
+                    detokenizer.resume(resumed, request.num_resumed_text_chars)
+                end_ids = self.end_token_ids(config)
+                rows.append(_Row(state, index, detokenizer, end_ids, num_resumed=len(resumed)))
+                prompts.append([*request.prompt_token_ids, *resumed])
         config = package.states[0].request.config
         input_ids, attention_mask = self._inputs(prompts)
         # The package key holds the warpers' and the repetition penalty's values: one config.
@@ -323,7 +372,7 @@ class SBWorker:
             )
             processors.insert(index, _MinNewTokensProcessor(rows))
         generation_config = HFGenerationConfig(
-            max_new_tokens=max(row.config.max_new_tokens or 1 for row in rows),
+            max_new_tokens=max(max(row.num_left, 1) for row in rows),
             do_sample=config.do_sample,
             pad_token_id=self.loaded.pad_token_id,
             # Ends of rows are decided per row by the tracker, never for the whole batch.
@@ -346,7 +395,7 @@ class SBWorker:
         self,
         rows: list[_Row],
         config: GenerationConfig,
-        prompt_width: int,
+        input_width: int,
         sampling: dict[str, Any],
     ) -> list[LogitsProcessor]:
         """The package's processing chain when it uses OpenAI's knobs, in vLLM's order:
@@ -360,7 +409,7 @@ class SBWorker:
         if sampling["repetition_penalty"] != 1.0:
             chain.append(RepetitionPenaltyLogitsProcessor(sampling["repetition_penalty"]))
         if any(row.config.presence_penalty or row.config.frequency_penalty for row in rows):
-            chain.append(_AdditivePenaltiesProcessor(rows, prompt_width, device))
+            chain.append(_AdditivePenaltiesProcessor(rows, input_width, device))
         if not config.do_sample:
             return chain  # greedy: no warpers, as transformers and vLLM
         if sampling["temperature"] != 1.0:
