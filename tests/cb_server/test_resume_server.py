@@ -101,3 +101,28 @@ def test_no_comment_lines_unless_asked(cb_server: ServerThread) -> None:
     with cb_server.http.stream("POST", "/v1/completions", json=body, timeout=60) as answer:
         raw = b"".join(answer.iter_raw())
     assert b": stream" not in raw and b": tokens" not in raw and b"data: [DONE]" in raw
+
+
+@pytest.mark.parametrize("direction", ["sb-to-cb", "cb-to-sb"])
+def test_a_stream_moves_between_the_static_and_the_continuous_batching_server(
+    cb_server: ServerThread, sb_server: ServerThread, direction: str
+) -> None:
+    """The SB server answers a batch all at once or not at all, yet what it streamed is
+    enough for a CB server to finish its answer, greedy token for token (both equal
+    transformers in float32), and the other way round."""
+    first, second = (sb_server, cb_server) if direction == "sb-to-cb" else (cb_server, sb_server)
+    body = {
+        "model": MODEL_ID,
+        "prompt": "The three laws of thermodynamics are",
+        "max_tokens": 16,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
+    raw_body = json.dumps(body).encode()
+    whole = _events(first, "/v1/completions", raw_body)
+    expected, _ = _texts(whole, "text")
+    tracker = StreamTokens()
+    relayed = b"".join(tracker.feed(event) for event in whole[:5])
+    rest = _events(second, "/v1/completions", tracker.resume_body(raw_body, 1))
+    assert _texts([relayed], "text")[0][0] + _texts(rest, "text")[0][0] == expected[0]
