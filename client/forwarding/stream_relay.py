@@ -216,6 +216,13 @@ class StreamRelay(StreamingResponse):
     async def _end_attempt(
         self, upstream: UpstreamStream, outcome: Outcome, is_request_over: bool
     ) -> None:
+        if outcome == "abandoned":
+            # Its server was marked down by heartbeats, which keep traffic away until it
+            # answers again: no verdict for the circuit breaker too. Each stream of the one
+            # outage would count as a failure in a row (the cooldown doubling per stream, up
+            # to 300 s of one trial request at a time once the host is back), and the host
+            # could then not take the streams of the next server that dies.
+            upstream.lease.release()
         upstream.on_close(outcome, is_request_over)
         # Shielded: this also runs when the request task is being cancelled, and an unclosed
         # upstream response would keep the server generating for nobody.
