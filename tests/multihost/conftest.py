@@ -5,11 +5,14 @@ Hosts (addresses in ``10.213.0.0/24``; the test process calls from the bridge's 
 - ``gw`` (.10): the gateway (port 8000) over ``cb1``, ``cb2`` and ``sb``;
 - ``cb1`` (.11): one real CB server with the real default model (port 8001);
 - ``cb2`` (.12), ``cb3`` (.14): fake fast CB servers announcing the same model (port 8001);
-- ``sb`` (.13): a fake SB server announcing the same model (port 8002).
+- ``sb`` (.13): a fake SB server announcing the same model (port 8002);
+- ``rgw`` (.20), ``rcb1`` (.21), ``rcb2`` (.22): ``test_resume_faults``' own gateway and two
+  real CB servers (float32), added to the same bridge (:func:`test_network`) for that module.
 
-Only one real model server runs, so the whole module fits a 2-core CI machine; the faults hit a
-fake host, so the callers' answers after failover come from the real server. Every app binds
-its host's own address, never 127.0.0.1.
+Only one real model server runs for the deployment (two more, idle but for that module's own
+streams, while ``test_resume_faults`` runs), so the whole suite fits a 2-core CI machine; the
+faults hit a fake host, so the callers' answers after failover come from the real server.
+Every app binds its host's own address, never 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -99,10 +102,13 @@ def start_gateway(deployment: Deployment, name: str, port: int, **fields: Any) -
 
 
 @pytest.fixture(scope="session")
-def deployment(
-    tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
-) -> Iterator[Deployment]:
-    """The hosts, their servers and the gateway, all healthy; removed at teardown."""
+def test_network() -> Iterator[TestNetwork]:
+    """The bridge, with no host yet; every host on it is removed at teardown.
+
+    One per session (and one run per machine): modules that need hosts of their own add them
+    here (addresses apart from :func:`deployment`'s) instead of opening a second network on
+    the same address range.
+    """
     try:
         TestNetwork.preflight()  # before the lock: /run/lock may not be writable then
     except NetnsUnavailable as exc:
@@ -117,9 +123,17 @@ def deployment(
         except NetnsUnavailable as exc:
             _unavailable(str(exc))
         try:
-            yield from _deploy(network, tmp_path_factory.mktemp("multihost"), default_model_path)
+            yield network
         finally:
             network.close()
+
+
+@pytest.fixture(scope="session")
+def deployment(
+    test_network: TestNetwork, tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
+) -> Iterator[Deployment]:
+    """The hosts, their servers and the gateway, all healthy; removed at teardown."""
+    yield from _deploy(test_network, tmp_path_factory.mktemp("multihost"), default_model_path)
 
 
 def _deploy(network: TestNetwork, folder: Path, model_path: Path) -> Iterator[Deployment]:
