@@ -75,6 +75,10 @@ class CircuitBreaker:
         """A request failed; returns True when this failure opened the circuit."""
         now = time.monotonic() if now is None else now
         self.num_consecutive_failures += 1
+        if self.state(now) == "open":
+            # A request sent before the circuit opened (a server that died with many in
+            # flight): the opening already counts it; only a failed trial doubles the cooldown.
+            return False
         was_trial = self.is_trial_in_flight or self.state(now) == "half_open"
         if was_trial or self.num_consecutive_failures >= self.failure_threshold:
             cooldown = min(self.cooldown_seconds * 2**self.num_trips, MAX_COOLDOWN_SECONDS)

@@ -274,3 +274,19 @@ def test_an_engine_entry_may_sit_in_the_fallback_tier() -> None:
     assert account.health.breaker.state() == "open"  # a refused key rests
     assert engine.tier == "second" and not engine.health.is_healthy  # until a heartbeat
     assert not engine.refuses_credentials(401)  # an engine's 401 passes back to the caller
+
+
+def test_failures_of_requests_sent_before_the_opening_do_not_grow_the_cooldown() -> None:
+    """A server that dies with 12 streams in flight opens its circuit once, for the base
+    cooldown; only a failed trial doubles it."""
+    from client.backends.circuit_breaker import CircuitBreaker
+
+    breaker = CircuitBreaker(failure_threshold=3, cooldown_seconds=15)
+    now = 100.0
+    opened = [breaker.record_failure(now) for _ in range(12)]
+    assert opened.count(True) == 1
+    assert breaker.seconds_until_retry(now) == 15
+    later = now + 16  # half-open: the trial fails, the cooldown doubles
+    breaker.on_request_sent(later)
+    assert breaker.record_failure(later)
+    assert breaker.seconds_until_retry(later) == 30
