@@ -14,8 +14,9 @@ from typing import Any
 
 from protocol.generation import TokenLogprob
 from protocol.openai_api import CompletionChoice, CompletionLogprobs, CompletionResponse
+from server.common.answers import AnswerShape
 from server.common.backend import TextDelta
-from server.common.service import AnswerShape, ChoiceResult
+from server.common.service import ChoiceResult
 
 
 @dataclass(frozen=True)

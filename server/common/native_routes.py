@@ -14,15 +14,10 @@ from protocol.generation import (
     GenerateStreamChunk,
 )
 from protocol.health import HealthResponse
+from server.common.answers import AnswerShape, answer_job
 from server.common.backend import TextDelta
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import (
-    AnswerShape,
-    GenerationService,
-    Job,
-    answer_job,
-    new_response_id,
-)
+from server.common.service import GenerationService, Job, new_response_id
 from utils.openapi import json_body
 
 

@@ -23,17 +23,11 @@ from protocol.openai_api import (
     ModelList,
     ToolCall,
 )
+from server.common.answers import AnswerShape, answer_job
 from server.common.backend import TextDelta
 from server.common.completion_shape import Echo, EchoedPrompt, completion_shape
 from server.common.request_context import RequestRecord, parse_body, request_record
-from server.common.service import (
-    AnswerShape,
-    ChoiceResult,
-    GenerationService,
-    Job,
-    answer_job,
-    new_response_id,
-)
+from server.common.service import ChoiceResult, GenerationService, Job, new_response_id
 from server.common.tool_calls import call_schema, parse_tool_calls
 from utils.errors import validation_api_error
 from utils.openapi import json_body
