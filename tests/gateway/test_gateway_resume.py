@@ -70,9 +70,9 @@ def test_two_of_three_servers_sigkilled_under_200_streams() -> None:
 
 
 def test_a_request_that_kills_its_servers_at_once_is_resumed_once() -> None:
-    """Each server taking the stream is SIGKILLed right after its first chunk: the first
-    death (within a second of taking it) caps the stream's resumes at 1, so the third
-    server is never tried and the caller gets an error event after the second death."""
+    """Each server taking the stream is SIGKILLed as soon as it is seen streaming: the first
+    death (within a second of taking it) caps the stream's resumes at 1, so after the
+    second death the caller gets an error event instead of a second resume."""
     asyncio.run(_poison_scenario())
 
 
@@ -92,6 +92,13 @@ async def _poison_scenario() -> None:
                     lambda rows: len(rows) == 3 and all(row["is_healthy"] for row in rows),
                     "the servers to be healthy",
                 )
+                # A cold server's first forward is slow: warm each one, so that "dies within a
+                # second of taking the request" holds for the kills below, as it would for a
+                # request that kills its server.
+                warm = {"prompt": "Hi", "max_tokens": 2}
+                for index in range(3):
+                    url = f"{deployment.server_url(index)}/v1/completions"
+                    assert (await client.post(url, json=warm)).status_code == 200
                 await _kill_every_taker(client, deployment)
             finally:
                 deployment.stop()
@@ -108,8 +115,10 @@ async def _kill_every_taker(client: httpx.AsyncClient, deployment: Deployment) -
             if not line.startswith("data: "):
                 continue
             events.append(line)
-            if '"error"' in line or len(killed) == 3:
+            if '"error"' in line:
                 break
+            if len(killed) == 3:
+                continue
             rows = (await client.get(f"{base}/backends")).json()["backends"]
             busy = [r["url"] for r in rows if r["num_in_flight"] and r["url"] not in killed]
             if busy:  # the server streaming now: it dies at once
@@ -117,7 +126,11 @@ async def _kill_every_taker(client: httpx.AsyncClient, deployment: Deployment) -
                 deployment.kill(names[busy[0]])
                 started = time.monotonic()
     assert time.monotonic() - started < 60
-    assert len(killed) == 2, killed
-    assert '"error"' in events[-1], events[-3:]
+    log = (deployment.folder / "gateway.log").read_text(errors="replace")[-3000:]
+    # A server killed before its first chunk of the continuation is a plain failover inside
+    # the one resume (then a third server streams); either way one resume, then the error.
+    assert 2 <= len(killed) <= 3, (killed, log)
+    assert '"error"' in events[-1], (events[-3:], log)
+    assert "not resumed (1 resumes, its server died at once)" in log, log
     metrics = (await client.get(f"{base}/metrics")).text
-    assert metric_sum(metrics, "gateway_resumed_streams_total") == 1
+    assert metric_sum(metrics, "gateway_resumed_streams_total") == 1, log
