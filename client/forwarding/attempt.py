@@ -286,12 +286,10 @@ class AttemptRunner:
         # A resumable stream is tracked: the same tracker goes on across a resume.
         tracker = (request.resume_tracker or StreamTokens()) if _is_tracked(attempt) else None
         translator = backend.stream_filter(translation.stream() if translation else tracker)
-        # Relayed as received: with nothing to translate or decompress, the raw bytes skip
-        # httpx's decoder and re-chunker (the events are neither parsed nor re-encoded).
-        is_passthrough = translator is None and "content-encoding" not in response.headers
-        chunks: AsyncIterator[bytes] = (
-            response.aiter_raw() if is_passthrough else response.aiter_bytes()
-        )
+        # With nothing to decompress the raw bytes skip httpx's decoder and re-chunker (they
+        # are the same bytes); a translator, if any, reads them as they come.
+        is_raw = "content-encoding" not in response.headers
+        chunks: AsyncIterator[bytes] = response.aiter_raw() if is_raw else response.aiter_bytes()
         try:
             # A translated stream's first upstream chunk may hold no complete event yet: read
             # until there is something to send, so the priming really covers the first byte.

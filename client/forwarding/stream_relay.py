@@ -3,6 +3,7 @@ from another server when a resumable stream breaks off (``client.forwarding.resu
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
@@ -94,8 +95,8 @@ class StreamRelay(StreamingResponse):
         self.resumer: Resumer | None = None
         self._outcome: Outcome = "cancelled"
         self._is_closed = False
-        self._read_scope: anyio.CancelScope | None = None
         self._is_abandoned = False
+        self._closing: asyncio.Future[None] | None = None
         self._relay_iterator = self._relay()
         response = upstream.response
         super().__init__(
@@ -159,53 +160,39 @@ class StreamRelay(StreamingResponse):
         return await self.resumer.resume(cause, self._current)
 
     async def _relay_one(self, upstream: UpstreamStream) -> AsyncGenerator[bytes, None]:
-        """One attempt's bytes, translated (its first chunk was translated when primed)."""
+        """One attempt's bytes, translated (its first chunk was translated when primed). A
+        tracked stream is abandoned when heartbeats mark its server down (see ``_abandon``)."""
         if upstream.first_chunk:
             yield upstream.first_chunk
-        async for chunk in self._read(upstream):
-            out = self._translator.feed(chunk) if self._translator else chunk
-            if out:
-                if _DONE_EVENT in out:
-                    # The answer is complete: a caller that hangs up now (the openai SDK
-                    # does as soon as it reads [DONE]) got all of it.
-                    self._outcome = outcome_of_status(upstream.response.status_code)
-                yield out
+        waiting = upstream.backend.health.waiting_attempts if self.resumer else None
+        if waiting is not None:
+            self._is_abandoned = False
+            waiting.add(self._abandon)
+        try:
+            async for chunk in upstream.chunks:
+                out = self._translator.feed(chunk) if self._translator else chunk
+                if out:
+                    if _DONE_EVENT in out:
+                        # The answer is complete: a caller that hangs up now (the openai SDK
+                        # does as soon as it reads [DONE]) got all of it.
+                        self._outcome = outcome_of_status(upstream.response.status_code)
+                    yield out
+        except (httpx.HTTPError, httpx.StreamError):
+            if self._is_abandoned:
+                raise _Abandoned from None
+            raise
+        finally:
+            if waiting is not None:
+                waiting.discard(self._abandon)
         if self._translator is not None and (tail := self._translator.close()):
             yield tail
 
-    async def _read(self, upstream: UpstreamStream) -> AsyncGenerator[bytes, None]:
-        """The upstream's chunks; a tracked stream's reads are cut short when heartbeats mark
-        its server down (each read in a cancel scope of its own: never across a yield)."""
-        if self.resumer is None:
-            async for chunk in upstream.chunks:
-                yield chunk
-            return
-        waiting = upstream.backend.health.waiting_attempts
-        waiting.add(self._abandon)
-        self._is_abandoned = False
-        try:
-            iterator = aiter(upstream.chunks)
-            while True:
-                if self._is_abandoned:
-                    raise _Abandoned
-                with anyio.CancelScope() as scope:
-                    self._read_scope = scope
-                    try:
-                        chunk = await anext(iterator)
-                    except StopAsyncIteration:
-                        return
-                    finally:
-                        self._read_scope = None
-                if scope.cancelled_caught:
-                    raise _Abandoned
-                yield chunk
-        finally:
-            waiting.discard(self._abandon)
-
     def _abandon(self) -> None:
+        """Heartbeats marked the server down: close its response, so that a read waiting on
+        a host that sends nothing (black-holed: no reset ever comes) fails now. Closing costs
+        nothing per chunk, unlike a cancel scope around every read."""
         self._is_abandoned = True
-        if self._read_scope is not None:
-            self._read_scope.cancel()
+        self._closing = asyncio.ensure_future(self._current.response.aclose())
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:

@@ -15,11 +15,14 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from client.backends.translation import StreamTranslator
 from protocol.resume import STREAM_COMMENT, TOKENS_COMMENT, ResumedChoice, StreamResume
 
 _EVENT_END = b"\n\n"
-_DONE = b"data: [DONE]"
+#: The closing event, as a line of its own (a chunk's text may hold the same words).
+_DONE = re.compile(rb"(?:^|\n)data: \[DONE\](?:\n|$)")
 #: A choice that ended: every chunk shape (native, completions, chat) names its reason.
 _FINISHED = re.compile(rb'"finish_reason":\s*"')
 
@@ -63,8 +66,22 @@ class StreamTokens(StreamTranslator):
         if _EVENT_END not in self._buffer:
             return b""
         complete, _, self._buffer = self._buffer.rpartition(_EVENT_END)
+        if not complete.startswith(b":") and b"\n:" not in complete:
+            # No comment line (a stream that cannot be resumed): the events go as they are.
+            self._scan(complete)
+            self.num_events += complete.count(_EVENT_END) + 1
+            return complete + _EVENT_END
         out = [self._event(event) for event in complete.split(_EVENT_END)]
         return b"".join(out)
+
+    def _scan(self, events: bytes) -> None:
+        """Note the end of the stream and the choices that end, in events passed on (plain
+        substring counts first: most events end nothing, and this runs on every one)."""
+        if b"[DONE]" in events and _DONE.search(events):
+            self.is_done = True
+        num_reasons = events.count(b'"finish_reason"')
+        if num_reasons and num_reasons != events.count(b'"finish_reason":null'):
+            self._finish(events)
 
     def close(self) -> bytes:
         """An event cut off at the end is dropped (its server died writing it)."""
@@ -80,18 +97,15 @@ class StreamTokens(StreamTranslator):
         kept = []
         for line in lines:
             if line.startswith(TOKENS_COMMENT):
-                self._count(json.loads(line[len(TOKENS_COMMENT) :]))
+                self._count(orjson.loads(line[len(TOKENS_COMMENT) :]))
             elif line.startswith(STREAM_COMMENT):
-                self._open(json.loads(line[len(STREAM_COMMENT) :]))
+                self._open(orjson.loads(line[len(STREAM_COMMENT) :]))
             elif line:
                 kept.append(line)
         if not kept:
             return b""
         out = b"\n".join(kept)
-        if out.startswith(_DONE):
-            self.is_done = True
-        elif _FINISHED.search(out):
-            self._finish(out)
+        self._scan(out)
         self.num_events += 1
         return out + _EVENT_END
 
@@ -107,14 +121,14 @@ class StreamTokens(StreamTranslator):
             progress.token_ids.extend(ids)
             progress.num_text_chars += num_chars
 
-    def _finish(self, event: bytes) -> None:
-        """Mark the choices that this event ends (only such events are parsed)."""
-        for line in event.split(b"\n"):
-            if not line.startswith(b"data:"):
+    def _finish(self, events: bytes) -> None:
+        """Mark the choices that these events end (only the lines that end one are parsed)."""
+        for line in events.split(b"\n"):
+            if not line.startswith(b"data:") or not _FINISHED.search(line):
                 continue
             try:
-                chunk = json.loads(line[5:])
-            except ValueError:
+                chunk = orjson.loads(line[5:])
+            except orjson.JSONDecodeError:
                 continue
             for choice in chunk.get("choices") or []:
                 if choice.get("finish_reason") is not None:

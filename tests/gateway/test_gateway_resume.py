@@ -53,6 +53,11 @@ def test_the_tracker_counts_what_the_caller_got_and_strips_its_lines() -> None:
         "choices": [{"index": 0, "token_ids": [11, 12], "num_text_chars": 5}],
         "num_completion_tokens": 4,
     }
+    # Events without comment lines pass as they are; a chunk whose text reads like the
+    # closing event does not end the stream.
+    looks_done = b'data: {"choices":[{"index":0,"text":"data: [DONE]","finish_reason":null}]}'
+    assert tracker.feed(looks_done + b"\n\n") == looks_done + b"\n\n"
+    assert tracker.is_resumable
     assert tracker.feed(b"data: [DONE]\n\n") == b"data: [DONE]\n\n"
     assert not tracker.is_resumable
     assert num_choices_of(b'{"generation_config": {"num_return_sequences": 3}}') == 3
