@@ -119,19 +119,25 @@ async def run_resume(
         limits = httpx.Limits(max_connections=num_streams + 8)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             try:
-                for index in range(3):
-                    deployment.start_server(index)
-                deployment.start_gateway()
-                await wait_until(
-                    client,
-                    deployment,
-                    lambda rows: len(rows) == 3 and all(row["is_healthy"] for row in rows),
-                    "the servers to be healthy",
-                )
+                await start_deployment(client, deployment)
                 await _run(client, deployment, report, max_tokens, is_seeded, first_kill_after)
             finally:
                 deployment.stop()
     return report
+
+
+async def start_deployment(client: httpx.AsyncClient, deployment: Deployment) -> None:
+    """Start every server of ``deployment`` and its gateway; wait until all are healthy."""
+    num_servers = len(deployment.server_ports)
+    for index in range(num_servers):
+        deployment.start_server(index)
+    deployment.start_gateway()
+    await wait_until(
+        client,
+        deployment,
+        lambda rows: len(rows) == num_servers and all(row["is_healthy"] for row in rows),
+        "the servers to be healthy",
+    )
 
 
 async def _run(

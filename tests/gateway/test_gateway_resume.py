@@ -13,8 +13,8 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.failover import Deployment, metric_sum, wait_until
-from benchmarks.resume_under_fire import run_resume
+from benchmarks.failover import Deployment, metric_sum
+from benchmarks.resume_under_fire import run_resume, start_deployment
 from client.forwarding.stream_tokens import StreamTokens, num_choices_of
 
 OPENING = b': stream {"id":"cmpl-1","created":7,"prompt_token_ids":[5,6,7]}\n\n'
@@ -88,15 +88,7 @@ async def _poison_scenario() -> None:
             timeout=httpx.Timeout(120, connect=5), trust_env=False
         ) as client:
             try:
-                for index in range(3):
-                    deployment.start_server(index)
-                deployment.start_gateway()
-                await wait_until(
-                    client,
-                    deployment,
-                    lambda rows: len(rows) == 3 and all(row["is_healthy"] for row in rows),
-                    "the servers to be healthy",
-                )
+                await start_deployment(client, deployment)
                 # A cold server's first forward is slow: warm each one, so that "dies within a
                 # second of taking the request" holds for the kills below, as it would for a
                 # request that kills its server.

@@ -41,6 +41,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from benchmarks.failover import metric_sum
+from benchmarks.resume_under_fire import PROMPTS
 from tests.multihost.load import MODEL
 from tests.multihost.netns import Host, TestNetwork, run
 from tests.support.waiting import async_wait_until, wait_until
@@ -61,16 +63,6 @@ NUM_STREAMS = 24
 MAX_TOKENS = 32
 #: The callers' bound per stream: far above a healthy answer, so that a hang fails the test.
 STREAM_TIMEOUT_SECONDS = 60.0
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time, in a land far away,",
-    "The three primary colors are",
-    "def fibonacci(n):",
-    "In 1969, humans",
-    "Rain is",
-    "My favourite food is",
-    "The quick brown fox",
-]
 HOSTS = {"rgw": 20, "rcb1": 21, "rcb2": 22}
 SERVER_PORT, GATEWAY_PORT = 8001, 8000
 _RESUMED_LINE = re.compile(r"request (\S+): stream resumed on (\S+) after (\S+) on (\S+) ")
@@ -295,15 +287,6 @@ def undisturbed(hosts: ResumeHosts) -> dict[str, str]:
     return {s.prompt: s.text for s in streams}
 
 
-def _metric_sum(text: str, name: str, **labels: str) -> float:
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
-
-
 @dataclass
 class FaultRun:
     """What one fault under load did, as the callers and the gateway saw it."""
@@ -364,7 +347,7 @@ async def _under_fault(hosts: ResumeHosts, victim: str, apply: Callable[[], None
     }
 
     def resumed(text: str) -> float:
-        return _metric_sum(text, "gateway_resumed_streams_total", cause="marked_down")
+        return metric_sum(text, "gateway_resumed_streams_total", cause="marked_down")
 
     return FaultRun(
         streams,
