@@ -16,8 +16,6 @@ from utils.errors import APIError, validation_api_error
 from utils.request_id import new_request_id
 
 if TYPE_CHECKING:
-    from client.backends.backend import Backend
-    from client.backends.plan import Plan
     from client.forwarding.stream_tokens import StreamTokens
 
 #: Where a request may go: ``auto`` (the servers' tiers, then the fallback tier: OpenAI
@@ -40,8 +38,8 @@ class GatewayRequest:
 
     ``body`` is what our own servers get, unchanged (fields the gateway does not know pass
     through). Other forms are built only when a backend that needs one is asked, and kept:
-    ``native`` (the same request in native terms) and each backend's :class:`Plan` (whether it
-    takes the request, and its translation), so failover and retries reuse them.
+    ``native`` (the same request in native terms) and its native form. Each backend's plan for
+    the request is kept by the forwarding side (``client.backends.plan_memo``).
     """
 
     endpoint: Endpoint
@@ -56,8 +54,6 @@ class GatewayRequest:
     received_at: float = field(default_factory=time.monotonic)
     #: ``backend:outcome`` of each attempt so far, for the request's log line.
     attempts: list[str] = field(default_factory=list, repr=False)
-    #: Each asked backend's plan for this request, kept by ``Backend.plan_for``.
-    plans: dict[Backend, Plan] = field(default_factory=dict, repr=False)
     #: A continuation of a broken stream (``protocol.resume``): the stream's tracker, which
     #: the new server's stream goes on feeding. None for a caller's own request.
     resume_tracker: StreamTokens | None = field(default=None, repr=False)

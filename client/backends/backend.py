@@ -1,10 +1,15 @@
 """A backend of the gateway: one server (or upstream account) of one kind.
 
-Each kind is a subclass in ``client.backends.kinds``, listed once in that package's table. A
+Each kind is a subclass in ``client.backends.kinds`` (Triton's in ``client.triton``), listed
+once in the kind table of the config (``client.config.kinds``). A
 kind owns its config keys (``section``, a model the gateway config is made of), how its
 backends are built from the config, its health probe, and which requests it takes and in which
 form (``plan``). What every kind shares lives here: the address, the health record
-(``client.backends.health``), the in-flight count and the per-request plan cache.
+(``client.backends.health``), the in-flight count, and the plan of a caller whose API the kind
+does not speak (through the request's native form).
+
+A kind's config hooks (``from_config``, ``listed_urls``...) are given the gateway config, which
+is made of every kind's section; each kind reads, and annotates, only its own section.
 """
 
 from __future__ import annotations
@@ -19,13 +24,12 @@ from pydantic import BaseModel
 
 from client.backends.callers import caller_translation
 from client.backends.health import BackendHealth
-from client.backends.plan import Plan, without_native_form
+from client.backends.plan import Plan
 from client.backends.translation import SecretScrubber, StreamTranslator
-from client.endpoints import Api
+from client.endpoints import Api, Endpoint
 from client.gateway_request import GatewayRequest
 
 if TYPE_CHECKING:
-    from client.config.schema import ClientConfig
     from client.config.schema_common import ServerDNSConfig
 
 #: Routing tiers: a request goes to the ``second`` tier only when no backend of the ``first``
@@ -43,7 +47,8 @@ class Backend(abc.ABC):
     kind: ClassVar[str]
     #: What one backend of the kind is called in messages ("a Triton server").
     noun: ClassVar[str]
-    #: The kind's keys in the gateway config (``ClientConfig`` inherits from every section).
+    #: The kind's keys in the gateway config (``ClientConfig`` inherits from every section);
+    #: the config hooks below are given the gateway config and read only this section.
     section: ClassVar[type[BaseModel]]
     #: True when the kind streams its token ids and finishes another server's broken stream
     #: from them (``protocol.resume``): our generating servers.
@@ -63,11 +68,11 @@ class Backend(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_config(cls, config: ClientConfig) -> list[Backend]:
+    def from_config(cls, config: BaseModel) -> list[Backend]:
         """Fresh backends of this kind for ``config``, in its order."""
 
     @classmethod
-    def listed_urls(cls, config: ClientConfig) -> list[str]:
+    def listed_urls(cls, config: BaseModel) -> list[str]:
         """The server addresses ``config`` lists for this kind (each may appear only once
         across all kinds; upstream accounts, which may share a base URL, list none)."""
         return []
@@ -78,12 +83,12 @@ class Backend(abc.ABC):
         return ()
 
     @classmethod
-    def dns_entry(cls, config: ClientConfig) -> ServerDNSConfig | None:
+    def dns_entry(cls, config: BaseModel) -> ServerDNSConfig | None:
         """The DNS name ``config`` discovers servers of this kind from, if any."""
         return None
 
     @classmethod
-    def with_discovered(cls, config: ClientConfig, urls: list[str]) -> dict[str, Any]:
+    def with_discovered(cls, config: BaseModel, urls: list[str]) -> dict[str, Any]:
         """The config keys (and values) that add the servers found at ``urls`` through DNS."""
         return {}
 
@@ -132,19 +137,13 @@ class Backend(abc.ABC):
         """Whether this backend can take ``request``, and in which form."""
 
     def plan_for(self, request: GatewayRequest) -> Plan:
-        """:meth:`plan`, worked out once per request and backend (kept on the request, so
-        routing, failover and the attempt share the translation it built).
+        """:meth:`plan`, for a caller of any API (the forwarding side keeps the answer for the
+        request: ``client.backends.plan_memo``).
 
         A caller of an API the kind does not speak (not in :attr:`apis`) is served through
         the request's native form: the kind plans that, and a caller-side translation turns
         the native answers back into the caller's API.
         """
-        plan = request.plans.get(self)
-        if plan is None:
-            plan = request.plans[self] = self._plan_in_callers_api(request)
-        return plan
-
-    def _plan_in_callers_api(self, request: GatewayRequest) -> Plan:
         if request.endpoint.api in self.apis:
             return self.plan(request)
         native_form = request.native_form()
@@ -210,3 +209,15 @@ class Backend(abc.ABC):
     async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:
         """Check the backend and record the result in :attr:`health`; never raises for
         network or protocol problems (they mark the backend down)."""
+
+
+def without_native_form(request: GatewayRequest, noun: str) -> Plan:
+    """The refusal of a kind that needs ``request``'s native form when there is none: the body
+    is invalid (the caller gets its 400 if no backend takes the request as sent), or it asks
+    what the native API cannot (embeddings, several prompts, token-id prompts)."""
+    error = request.native_error
+    if error is not None:
+        return Plan(refusal=error.message, error=error)
+    if request.endpoint == Endpoint.EMBEDDINGS:
+        return Plan(refusal=f"{noun}s do not answer {request.endpoint}")
+    return Plan(refusal=f"{noun}s take one text prompt or one conversation per request")

@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from client.backends.translation import Translation
-from client.endpoints import Endpoint
-from client.gateway_request import GatewayRequest
 from utils.errors import APIError
 
 
@@ -31,15 +29,3 @@ class Plan:
 
 #: The caller's request, as sent.
 AS_SENT = Plan()
-
-
-def without_native_form(request: GatewayRequest, noun: str) -> Plan:
-    """The refusal of a kind that needs ``request``'s native form when there is none: the body
-    is invalid (the caller gets its 400 if no backend takes the request as sent), or it asks
-    what the native API cannot (embeddings, several prompts, token-id prompts)."""
-    error = request.native_error
-    if error is not None:
-        return Plan(refusal=error.message, error=error)
-    if request.endpoint == Endpoint.EMBEDDINGS:
-        return Plan(refusal=f"{noun}s do not answer {request.endpoint}")
-    return Plan(refusal=f"{noun}s take one text prompt or one conversation per request")

@@ -17,7 +17,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable
 
-from client.backends.kinds import KINDS
+from client.config.kinds import KINDS
 from client.config.schema import ClientConfig
 from client.config.schema_common import ServerDNSConfig
 

@@ -11,10 +11,9 @@ import abc
 import hashlib
 import random
 from collections.abc import Sequence
-from typing import ClassVar
+from typing import ClassVar, Literal, Protocol
 
 from client.backends.backend import Backend
-from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
 
 
@@ -203,14 +202,25 @@ def affinity_key_of_request(request: GatewayRequest) -> str | None:
     )
 
 
-#: Policy classes by config name.
+#: Policy classes by config name: the one list of the names ``balancing_policy`` may take.
 POLICIES: dict[str, type[BalancingPolicy]] = {
     policy.name: policy
     for policy in (LeastOutstandingWork, RoundRobin, PowerOfTwoChoices, SessionAffinity)
 }
 
+#: The names of :data:`POLICIES`, as the config's type (a bad name is refused at validation,
+#: the message listing these).
+PolicyName = Literal[tuple(POLICIES)]  # type: ignore[valid-type]
 
-def make_policy(config: ClientConfig) -> BalancingPolicy:
+
+class PolicySettings(Protocol):
+    """The config keys a policy is made from (the gateway config has them)."""
+
+    balancing_policy: str
+    affinity_max_imbalance: int
+
+
+def make_policy(config: PolicySettings) -> BalancingPolicy:
     """A fresh instance of the policy the config names."""
     name = config.balancing_policy
     if name == SessionAffinity.name:

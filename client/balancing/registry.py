@@ -10,9 +10,10 @@ from collections.abc import Container
 import httpx
 
 from client.backends.backend import Backend
-from client.backends.kinds import backends_from_config
+from client.backends.plan_memo import PlanMemo
 from client.balancing.discovery import DNSDiscovery
 from client.balancing.shared_state import SharedBreakerState
+from client.config.kinds import backends_from_config
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest, route_allows
 from utils.tasks import cancel_and_wait
@@ -209,16 +210,21 @@ class BackendRegistry:
         return [backend for backend in self.backends if backend.health.is_routable(now)]
 
     def candidates(
-        self, request: GatewayRequest, exclude: Container[Backend] = ()
+        self,
+        request: GatewayRequest,
+        exclude: Container[Backend] = (),
+        plans: PlanMemo | None = None,
     ) -> list[Backend]:
         """Backends that can take the request now, best tier only.
 
         Tiers (each kind says its own): first (CB, Triton, embedding servers, engines), second
         (SB servers), fallback (jumpers, unless the route is ``local``); a lower tier is used
         only when no backend of a higher one can take the request. ``exclude`` drops backends
-        this request may not use (failover: those tried).
+        this request may not use (failover: those tried); ``plans`` keeps the plans of the
+        backends asked (a fresh memo when not given).
         """
         model, route = request.model, request.route
+        plans = PlanMemo(request) if plans is None else plans
         eligible = [
             backend
             for backend in self.healthy()
@@ -232,7 +238,7 @@ class BackendRegistry:
             accepted = [
                 backend
                 for backend in eligible
-                if backend.priority == tier and backend.plan_for(request).is_accepted
+                if backend.priority == tier and plans.plan(backend).is_accepted
             ]
             if accepted:
                 return accepted

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Container
 
 from client.backends.backend import Backend
+from client.backends.plan_memo import PlanMemo
 from client.balancing.policies import BalancingPolicy, LeastRecentlyUsedKey
 from client.balancing.registry import BackendRegistry
 from client.gateway_request import GatewayRequest, route_allows
@@ -30,22 +31,30 @@ class Router:
         #: The jumper tier spreads over API keys, not over servers' load.
         self.key_policy = LeastRecentlyUsedKey()
 
-    async def select(self, request: GatewayRequest, exclude: Container[Backend] = ()) -> Backend:
+    async def select(
+        self,
+        request: GatewayRequest,
+        exclude: Container[Backend] = (),
+        plans: PlanMemo | None = None,
+    ) -> Backend:
         """The backend for ``request``; raises :class:`APIError` (404/503) when there is none.
 
-        ``exclude`` lists backends already tried for this request (failover).
+        ``exclude`` lists backends already tried for this request (failover); ``plans`` keeps
+        the backends' plans for it (the attempt sends the chosen one's).
         """
-        candidates = self.registry.candidates(request, exclude)
+        plans = PlanMemo(request) if plans is None else plans
+        candidates = self.registry.candidates(request, exclude, plans)
         if not candidates or (candidates[0].is_fallback and request.route == "auto"):
             # Before falling back upstream (or giving up), make sure no server came back.
             await self.registry.refresh_if_stale()
-            candidates = self.registry.candidates(request, exclude)
+            candidates = self.registry.candidates(request, exclude, plans)
         if not candidates:
-            raise self._no_candidate_error(request, exclude)
+            raise self._no_candidate_error(plans, exclude)
         policy = self.key_policy if candidates[0].is_fallback else self.policy
         return policy.choose(candidates, request)
 
-    def _no_candidate_error(self, request: GatewayRequest, exclude: Container[Backend]) -> APIError:
+    def _no_candidate_error(self, plans: PlanMemo, exclude: Container[Backend]) -> APIError:
+        request = plans.request
         registry, model, route = self.registry, request.model, request.route
         backends = [
             backend for backend in registry.backends if route_allows(route, backend.is_fallback)
@@ -64,12 +73,12 @@ class Router:
                 RETRY_AFTER_SECONDS,
             )
         serving = [b for b in healthy if model is None or b.serves(model)]
-        plans = [b.plan_for(request) for b in serving]
-        errors = [plan.error for plan in plans]
+        serving_plans = [plans.plan(b) for b in serving]
+        errors = [plan.error for plan in serving_plans]
         if serving and all(errors):  # invalid in the meaning every backend that can serve needs
             assert errors[0] is not None
             return errors[0]
-        refusals = [plan.refusal for plan in plans]
+        refusals = [plan.refusal for plan in serving_plans]
         if serving and all(refusals):
             reasons = "; ".join(sorted({reason for reason in refusals if reason}))
             return overloaded(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from client.backends.kinds import KINDS
+from client.config.kinds import KINDS
 from client.config.schema import ClientConfig, check_listed_once
 from client.config.schema_common import is_app_name
 from utils.config import ConfigError, load_config, resolve_path

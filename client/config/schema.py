@@ -7,18 +7,16 @@ the rest are what an operator needs to tune (balancing policy, timeouts, body si
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import ClassVar
 from urllib.parse import urlsplit
 
 from pydantic import ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from client.backends.backend import Backend
-from client.backends.kinds import KINDS
+from client.balancing.policies import PolicyName
+from client.config.kinds import KINDS
 from client.config.schema_common import EnvSecret, ServerDNSConfig, is_placeholder_key
 from utils.connection_limits import ConnectionLimits
-
-#: Balancing policies the config may name (one class each in ``client.balancing.policies``).
-PolicyName = Literal["least_outstanding", "round_robin", "power_of_two", "affinity"]
 
 
 def check_listed_once(config: ClientConfig) -> None:
@@ -33,14 +31,14 @@ def check_listed_once(config: ClientConfig) -> None:
             seen[url] = noun
 
 
-#: Every kind's config keys: the gateway config is made of them (see ``client.backends.kinds``).
+#: Every kind's config keys: the gateway config is made of them (see ``client.config.kinds``).
 _SECTIONS = tuple(kind.section for kind in KINDS)
 
 
 class ClientConfig(ConnectionLimits, *_SECTIONS):
     """The gateway's config file; unknown keys are refused so that typos surface at start-up.
 
-    Each backend kind's keys come from its section (``client.backends.kinds``); the HTTP
+    Each backend kind's keys come from its section (``client.config.kinds``); the HTTP
     connection limits (``header_timeout_seconds`` ...) are its keys too. Every key can
     be overridden from the environment: ``LLM_SUITE_GATEWAY__KEY`` (nesting with ``__``, see
     ``utils.env_overrides``).

@@ -21,6 +21,7 @@ from starlette.responses import Response
 
 from client.backends.backend import Backend
 from client.backends.lease import InFlightLease
+from client.backends.plan import Plan
 from client.backends.translation import Translation
 from client.config.schema import ClientConfig
 from client.forwarding.stream_relay import StreamRelay, UpstreamStream, returned_headers
@@ -84,15 +85,16 @@ class AttemptRunner:
         self.config = config
 
     async def run(
-        self, backend: Backend, lease: InFlightLease, request: GatewayRequest
+        self, backend: Backend, lease: InFlightLease, request: GatewayRequest, plan: Plan
     ) -> Response:
-        """Send ``request`` to ``backend``; raises :class:`Retryable` if another may try.
+        """Send ``request`` to ``backend`` as it planned (``plan``); raises :class:`Retryable`
+        if another may try.
 
         Until its first byte, the attempt runs as a task of its own that the backend can
         abandon when its heartbeats declare it down (a hung server: connections accepted,
         nothing answered); the request is then retried elsewhere.
         """
-        task = asyncio.ensure_future(self._attempt_task(backend, lease, request))
+        task = asyncio.ensure_future(self._attempt_task(backend, lease, request, plan))
         is_abandoned = False
 
         def abandon() -> None:
@@ -118,9 +120,8 @@ class AttemptRunner:
             backend.health.waiting_attempts.discard(abandon)
 
     async def _attempt_task(
-        self, backend: Backend, lease: InFlightLease, request: GatewayRequest
+        self, backend: Backend, lease: InFlightLease, request: GatewayRequest, plan: Plan
     ) -> Response:
-        plan = backend.plan_for(request)
         attempt = _Attempt(backend, lease, request, plan.translation, plan.path)
         response: httpx.Response | None = None
         try:

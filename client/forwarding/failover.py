@@ -1,7 +1,8 @@
 """Forwarding requests to backends, with failover: JSON answers as is, streams chunk by chunk.
 
 Shared ``httpx.AsyncClient``s carry every upstream call (connection reuse); each attempt on
-one backend is run by ``client.forwarding.attempt``.
+one backend is run by ``client.forwarding.attempt``, and the tries of one backend after
+another by ``client.forwarding.tries`` (which stream resumes use too).
 
 Failover rule: an attempt that fails before any byte reached the caller (refused connection,
 server died mid-request, 429/503 overload, 500/502, a jumper key refused or rate-limited) is
@@ -16,7 +17,6 @@ request would likely time out again, doubling the wait).
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 from dataclasses import dataclass
@@ -25,15 +25,14 @@ import httpx
 from starlette.responses import Response
 
 from client.backends.backend import Backend
-from client.backends.lease import InFlightLease
 from client.balancing.router import Router
 from client.config.schema import ClientConfig
-from client.forwarding.attempt import AttemptRunner, Retryable
+from client.forwarding.attempt import AttemptRunner
 from client.forwarding.resume import StreamResumer
 from client.forwarding.stream_relay import StreamRelay
+from client.forwarding.tries import try_backends
 from client.gateway_request import GatewayRequest
 from client.metrics import GatewayMetrics
-from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
 
@@ -94,37 +93,26 @@ class Proxy:
     async def forward(self, request: GatewayRequest) -> Response:
         """The answer for ``request``; raises :class:`APIError` when no backend could be tried."""
         tried: list[Backend] = []
-        last_failure: Retryable | None = None
         max_attempts = self.config.max_attempts
         exclude = TriedBackends(tried, max_attempts)
-        for attempt in range(2 * max_attempts):  # servers' budget + fallback tier's budget
-            if attempt > 0:  # before choosing, so the choice sees the state after the pause
-                await asyncio.sleep(self._backoff(attempt))
-            try:
-                backend = await self.router.select(request, exclude=exclude)
-            except APIError as exc:
-                if last_failure is not None:  # report what went wrong, not "nothing left"
-                    break
-                self.metrics.count_rejected(request.endpoint)
-                self.attempts.finish(request, "rejected", None)
-                raise exc from None
-            if backend.is_fallback and request.route == "auto":
-                self.metrics.count_fallback("local_failed" if tried else "no_local_server")
-            # No await between the choice and the lease: the next request sees this choice.
-            lease = InFlightLease(backend)
-            tried.append(backend)
-            try:
-                response = await self.attempts.run(backend, lease, request)
-            except Retryable as failure:
-                self.metrics.count_retry(backend, failure.reason)
-                last_failure = failure
-                continue
+        budget = 2 * max_attempts  # servers' budget + fallback tier's budget
+        tries = await try_backends(
+            self.router, self.attempts, request, exclude, budget, backoff=self._backoff
+        )
+        response = tries.response
+        if response is not None:
             if isinstance(response, StreamRelay) and response.tracker is not None:
-                response.resumer = StreamResumer(self, request, tried, response.tracker)
+                response.resumer = StreamResumer(
+                    self.router, self.attempts, request, tried, response.tracker
+                )
             return response
-        assert last_failure is not None
+        if tries.last_failure is None:  # nothing tried: the router's error, not a failure's
+            assert tries.refusal is not None
+            self.metrics.count_rejected(request.endpoint)
+            self.attempts.finish(request, "rejected", None)
+            raise tries.refusal
         self.attempts.finish(request, "failed_over", tried[-1])
-        return last_failure.response
+        return tries.last_failure.response
 
     def _backoff(self, attempt: int) -> float:
         """Full jitter: uniform in [0, base * 2**(attempt-1)], capped."""

@@ -3,12 +3,13 @@ of our servers, from the token ids streamed so far (``protocol.resume``).
 
 The relay (``stream_relay``) calls :meth:`StreamResumer.resume` when a tracked stream breaks
 (connection reset, end without its last event, read timeout, server marked down by
-heartbeats). The resumer asks the router for another healthy server that can resume (our CB
-and SB servers) and was not tried yet, sends it the caller's body with a ``resume`` field
-built by the stream's :class:`~client.forwarding.stream_tokens.StreamTokens`, and hands the
-relay the new stream, primed. Limits: ``max_stream_resumes`` per stream; only 1 when a server
-died within :data:`POISON_SECONDS` of taking the request (the request itself may be what
-kills servers: it must not take down a second one, then a third).
+heartbeats). The resumer tries (``client.forwarding.tries``, as failover does) other healthy
+servers that can resume (our CB and SB servers) and were not tried yet, with the caller's body
+and a ``resume`` field built by the stream's
+:class:`~client.forwarding.stream_tokens.StreamTokens`, and hands the relay the new stream,
+primed. Limits: ``max_stream_resumes`` per stream; only 1 when a server died within
+:data:`POISON_SECONDS` of taking the request (the request itself may be what kills servers: it
+must not take down a second one, then a third).
 """
 
 from __future__ import annotations
@@ -16,19 +17,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from typing import TYPE_CHECKING
 
 from client.backends.backend import Backend
-from client.backends.lease import InFlightLease
-from client.forwarding.attempt import Retryable
+from client.balancing.router import Router
+from client.forwarding.attempt import AttemptRunner
 from client.forwarding.stream_relay import StreamRelay, UpstreamStream
 from client.forwarding.stream_tokens import StreamTokens, num_choices_of
+from client.forwarding.tries import try_backends
 from client.gateway_request import GatewayRequest
 from client.metrics import ResumeCause
-from utils.errors import APIError
-
-if TYPE_CHECKING:
-    from client.forwarding.failover import Proxy
 
 logger = logging.getLogger(__name__)
 
@@ -57,9 +54,16 @@ class StreamResumer:
     """Finishes one caller's stream on other servers when the one streaming it dies."""
 
     def __init__(
-        self, proxy: Proxy, request: GatewayRequest, tried: list[Backend], tracker: StreamTokens
+        self,
+        router: Router,
+        runner: AttemptRunner,
+        request: GatewayRequest,
+        tried: list[Backend],
+        tracker: StreamTokens,
     ) -> None:
-        self.proxy = proxy
+        self.router = router
+        #: The proxy's attempt runner: its config is the running one (reloads replace it).
+        self.runner = runner
         self.request = request
         self.tried = tried
         self.tracker = tracker
@@ -68,7 +72,7 @@ class StreamResumer:
         self.is_poison_suspect = False
 
     def _limit(self) -> int:
-        limit = self.proxy.config.max_stream_resumes
+        limit = self.runner.config.max_stream_resumes
         return min(limit, 1) if self.is_poison_suspect else limit
 
     async def resume(
@@ -96,50 +100,42 @@ class StreamResumer:
         continuation = dataclasses.replace(
             request,
             body=tracker.resume_body(request.body, num_choices),
-            plans={},
             resume_tracker=tracker,
         )
         tracker.switch()
         self.num_resumes += 1
         longest = max((len(c.token_ids) for c in choices.values()), default=0)
         targets = ResumeTargets(self.tried, len(tracker.prompt_token_ids) + longest + 1)
-        proxy = self.proxy
-        for attempt in range(proxy.config.max_attempts):
-            try:
-                backend = await proxy.router.select(continuation, exclude=targets)
-            except APIError as exc:
-                logger.warning(
-                    "request %s: no server to resume its stream on: %s",
-                    request.request_id,
-                    exc.message,
-                )
-                return None
-            lease = InFlightLease(backend)
-            self.tried.append(backend)
-            try:
-                response = await proxy.attempts.run(backend, lease, continuation)
-            except Retryable as failure:
-                proxy.metrics.count_retry(backend, failure.reason)
-                continue
-            if not isinstance(response, StreamRelay):  # refused (a 4xx): it will not go on
-                logger.warning(
-                    "request %s: %s refused to resume its stream (HTTP %d)",
-                    request.request_id,
-                    backend.name,
-                    response.status_code,
-                )
-                return None
-            proxy.metrics.count_resumed(broken.backend, cause)
+        budget = self.runner.config.max_attempts
+        tries = await try_backends(self.router, self.runner, continuation, targets, budget)
+        if tries.refusal is not None:
             logger.warning(
-                "request %s: stream resumed on %s after %s on %s (%d tokens streamed, "
-                "resume %d, attempt %d)",
+                "request %s: no server to resume its stream on: %s",
+                request.request_id,
+                tries.refusal.message,
+            )
+            return None
+        response, backend = tries.response, tries.backend
+        if response is None or backend is None:  # every try failed before its first byte
+            return None
+        if not isinstance(response, StreamRelay):  # refused (a 4xx): it will not go on
+            logger.warning(
+                "request %s: %s refused to resume its stream (HTTP %d)",
                 request.request_id,
                 backend.name,
-                cause,
-                broken.backend.name,
-                tracker.num_tokens,
-                self.num_resumes,
-                attempt + 1,
+                response.status_code,
             )
-            return response.upstream
-        return None
+            return None
+        self.runner.metrics.count_resumed(broken.backend, cause)
+        logger.warning(
+            "request %s: stream resumed on %s after %s on %s (%d tokens streamed, "
+            "resume %d, attempt %d)",
+            request.request_id,
+            backend.name,
+            cause,
+            broken.backend.name,
+            tracker.num_tokens,
+            self.num_resumes,
+            tries.num_tries,
+        )
+        return response.upstream

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import httpx
 from pydantic import ValidationError
 
-from client.backends.backend import Backend
-from client.backends.plan import Plan, without_native_form
+from client.backends.backend import Backend, without_native_form
+from client.backends.plan import Plan
 from client.config.schema_common import ServerDNSConfig
 from client.endpoints import Api
 from client.gateway_request import GatewayRequest
@@ -31,9 +31,6 @@ from client.triton.chat_templates import preload
 from client.triton.config import TritonSection, TritonServerConfig
 from client.triton.to_triton import NativeToTriton
 from protocol.health import LoadReport
-
-if TYPE_CHECKING:
-    from client.config.schema import ClientConfig
 
 
 @dataclass(eq=False)
@@ -53,22 +50,22 @@ class TritonServer(Backend):
         return cls(url=entry.url, config=entry)
 
     @classmethod
-    def from_config(cls, config: ClientConfig) -> list[Backend]:
+    def from_config(cls, config: TritonSection) -> list[Backend]:
         """One backend per entry of ``triton_server_urls``."""
         return [cls.from_entry(entry) for entry in config.triton_server_urls]
 
     @classmethod
-    def listed_urls(cls, config: ClientConfig) -> list[str]:
+    def listed_urls(cls, config: TritonSection) -> list[str]:
         """The entries' URLs."""
         return [entry.url for entry in config.triton_server_urls]
 
     @classmethod
-    def dns_entry(cls, config: ClientConfig) -> ServerDNSConfig | None:
+    def dns_entry(cls, config: TritonSection) -> ServerDNSConfig | None:
         """``triton_server_dns``."""
         return config.triton_server_dns
 
     @classmethod
-    def with_discovered(cls, config: ClientConfig, urls: list[str]) -> dict[str, Any]:
+    def with_discovered(cls, config: TritonSection, urls: list[str]) -> dict[str, Any]:
         """An entry per discovered server, with the DNS entry's model names."""
         dns = config.triton_server_dns
         if dns is None or not urls:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from client.backends.backend import Backend
-from client.backends.kinds import KINDS
 from client.backends.kinds.openai_compatible import OpenAICompatibleUpstream
 from client.backends.kinds.openai_compatible_config import OpenAIJumperConfig
+from client.config.kinds import KINDS
 from protocol.health import LoadReport
 
 _KIND_CLASSES = {kind.kind: kind for kind in KINDS}

@@ -11,10 +11,11 @@ from typing import Any
 import openai
 import pytest
 
-from client.backends.kinds import backends_from_config
+from client.backends.plan_memo import PlanMemo
 from client.balancing.policies import LeastOutstandingWork
 from client.balancing.registry import BackendRegistry
 from client.balancing.router import Router
+from client.config.kinds import backends_from_config
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
 from client.routing_fields import RoutingFields
@@ -143,8 +144,9 @@ async def test_kinds_that_translate_decline_what_they_cannot_read() -> None:
         backend.health.is_healthy, backend.health.model_ids = True, ["m"]
     registry = BackendRegistry([triton, engine])
     tools = _request(REFUSED_CHAT)
-    assert registry.candidates(tools) == [engine]
-    refusal = tools.plans[triton]
+    tools_plans = PlanMemo(tools)  # what the forwarding side keeps for one request
+    assert registry.candidates(tools, plans=tools_plans) == [engine]
+    refusal = tools_plans.plan(triton)
     assert refusal.error is not None and refusal.error.status_code == 400
     # With the engine gone, the caller gets the 400 that names the field, not a 503.
     engine.health.is_healthy = False
@@ -159,5 +161,6 @@ async def test_kinds_that_translate_decline_what_they_cannot_read() -> None:
     assert exc_info.value.status_code == 400
     # A body our protocol reads goes to the Triton server, translated.
     plain = _request({"model": "m", "prompt": "hi", "max_tokens": 3}, "/v1/completions")
-    assert registry.candidates(plain) == [triton]
-    assert plain.plans[triton].translation is not None
+    plain_plans = PlanMemo(plain)
+    assert registry.candidates(plain, plans=plain_plans) == [triton]
+    assert plain_plans.plan(triton).translation is not None

@@ -22,6 +22,7 @@ from client.backends.native_to_openai import (
     to_openai,
     upstream_unsupported_fields,
 )
+from client.backends.plan_memo import PlanMemo
 from client.backends.status import status_of
 from client.backends.translation import SecretScrubber
 from client.balancing.policies import (
@@ -212,29 +213,35 @@ def test_backend_kinds_are_asked_lazily_and_once() -> None:
     triton = TritonServer.from_entry(TritonServerConfig(url="http://t:1", models={"m": "ensemble"}))
     triton.health.is_healthy, triton.health.model_ids = True, ["m"]
     native = _request("/generate", stream=True)
+    plans = PlanMemo(native)  # what the forwarding side keeps for one request
     registry = BackendRegistry([local, key])
-    assert registry.candidates(native) == [local]
+    assert registry.candidates(native, plans=plans) == [local]
     # Our server takes the request as sent: the jumper was never asked to translate it.
-    assert key not in native.plans
+    assert key not in plans
     local.health.is_healthy = False
-    assert registry.candidates(native) == [key]
-    plan = native.plans[key]
+    assert registry.candidates(native, plans=plans) == [key]
+    assert key in plans
+    plan = plans.plan(key)
     assert plan.translation is not None
-    assert registry.candidates(native) == [key] and native.plans[key] is plan  # kept, not rebuilt
+    assert registry.candidates(native, plans=plans) == [key] and plans.plan(key) is plan  # kept
     # A Triton server shares the first tier: it is asked, and its translation is built once.
     chat = _request("/v1/chat/completions")
-    assert BackendRegistry([triton, key]).candidates(chat) == [key]
-    assert "not messages" in (chat.plans[triton].refusal or "")
+    chat_plans = PlanMemo(chat)
+    assert BackendRegistry([triton, key]).candidates(chat, plans=chat_plans) == [key]
+    assert triton in chat_plans and "not messages" in (chat_plans.plan(triton).refusal or "")
     completion = _request("/v1/completions", max_tokens=3, temperature=0)
-    assert BackendRegistry([triton, key]).candidates(completion) == [triton]
-    translation = completion.plans[triton].translation
+    completion_plans = PlanMemo(completion)
+    registry = BackendRegistry([triton, key])
+    assert registry.candidates(completion, plans=completion_plans) == [triton]
+    translation = completion_plans.plan(triton).translation
     assert translation is not None
     path, body = translation.request()
     assert path == "/v2/models/ensemble/generate"
     assert json.loads(body)["text_input"] == "hi" and json.loads(body)["max_tokens"] == 3
     beams = _request("/v1/completions", use_beam_search=True, n=2, ignore_eos=True)
-    assert BackendRegistry([triton]).candidates(beams) == []
-    assert "ignore_eos" in (beams.plans[triton].refusal or "")
+    beams_plans = PlanMemo(beams)
+    assert BackendRegistry([triton]).candidates(beams, plans=beams_plans) == []
+    assert "ignore_eos" in (beams_plans.plan(triton).refusal or "")
 
 
 # -- jumpers --------------------------------------------------------------------------------

@@ -220,7 +220,7 @@ def test_breaker_reports_openings_and_adopts_shared_ones() -> None:
 
 
 def test_every_kind_brings_its_config_section() -> None:
-    from client.backends.kinds import KINDS, backends_from_config
+    from client.config.kinds import KINDS, backends_from_config
 
     fields = set(ClientConfig.model_fields)
     for kind in KINDS:
@@ -253,7 +253,7 @@ def test_every_kind_brings_its_config_section() -> None:
 
 
 def test_an_engine_entry_may_sit_in_the_fallback_tier() -> None:
-    from client.backends.kinds import backends_from_config
+    from client.config.kinds import backends_from_config
 
     config = ClientConfig.model_validate(
         {

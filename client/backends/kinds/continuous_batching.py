@@ -4,20 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
-from client.backends.kinds.our_server import OurServer
-from client.config.schema_common import ServerAddress, ServerDNSConfig
-
-
-class ContinuousBatchingSection(BaseModel):
-    """The gateway config's keys for continuous-batching servers."""
-
-    continuous_batching_server_urls: list[ServerAddress] = Field(
-        default_factory=list,
-        description="continuous-batching servers, URLs or deployment app names",
-    )
-    continuous_batching_server_dns: ServerDNSConfig | None = None
+from client.backends.kinds.our_server import OurServer, server_list_section
 
 
 @dataclass(eq=False)
@@ -26,7 +13,12 @@ class ContinuousBatchingServer(OurServer):
 
     kind = "continuous_batching"
     noun = "continuous-batching server"
-    section = ContinuousBatchingSection
     is_resumable = True
     urls_key = "continuous_batching_server_urls"
     dns_key = "continuous_batching_server_dns"
+    section = server_list_section(
+        "ContinuousBatchingSection",
+        urls_key,
+        "continuous-batching servers, URLs or deployment app names",
+        dns_key,
+    )

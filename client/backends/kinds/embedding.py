@@ -8,22 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
-from client.backends.kinds.our_server import OurServer
+from client.backends.kinds.our_server import OurServer, server_list_section
 from client.backends.plan import AS_SENT, Plan
-from client.config.schema_common import ServerAddress
 from client.endpoints import Endpoint
 from client.gateway_request import GatewayRequest
-
-
-class EmbeddingSection(BaseModel):
-    """The gateway config's keys for embedding servers."""
-
-    embedding_server_urls: list[ServerAddress] = Field(
-        default_factory=list,
-        description="embedding servers (embedding_server_app), URLs or deployment app names",
-    )
 
 
 @dataclass(eq=False)
@@ -32,8 +20,12 @@ class EmbeddingServer(OurServer):
 
     kind = "embedding"
     noun = "embedding server"
-    section = EmbeddingSection
     urls_key = "embedding_server_urls"
+    section = server_list_section(
+        "EmbeddingSection",
+        urls_key,
+        "embedding servers (embedding_server_app), URLs or deployment app names",
+    )
 
     def plan(self, request: GatewayRequest) -> Plan:
         """Embeddings requests go as the caller sent them; generation never comes here."""

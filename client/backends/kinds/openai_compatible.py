@@ -18,26 +18,22 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import httpx
 from pydantic import BaseModel, Field, ValidationError
 
-from client.backends.backend import Backend, Tier
+from client.backends.backend import Backend, Tier, without_native_form
 from client.backends.kinds.openai_compatible_config import (
     OpenAICompatibleConfig,
     OpenAIJumperConfig,
 )
 from client.backends.native_to_openai import NativeToOpenAI, upstream_unsupported_fields
-from client.backends.plan import AS_SENT, Plan, without_native_form
+from client.backends.plan import AS_SENT, Plan
 from client.backends.prometheus_load import load_from_metrics
 from client.endpoints import Endpoint
 from client.gateway_request import GatewayRequest
 from protocol.health import LoadReport
 from protocol.openai_api import ModelList
-
-if TYPE_CHECKING:
-    from client.config.schema import ClientConfig
 
 #: How long a key rests after the upstream refused it (401/403): a wrong or revoked key will
 #: not heal by itself, but a config reload replaces it without waiting.
@@ -90,7 +86,7 @@ class OpenAICompatibleUpstream(Backend):
             self.health.reported_status = "ok"
 
     @classmethod
-    def from_config(cls, config: ClientConfig) -> list[Backend]:
+    def from_config(cls, config: OpenAICompatibleSection) -> list[Backend]:
         """Engines first, then the jumper accounts with a real key. Accounts are numbered by
         position: jumper entries by theirs in ``openai_jumper_configs``, fallback-tier engine
         entries after them."""
@@ -108,7 +104,7 @@ class OpenAICompatibleUpstream(Backend):
         return backends
 
     @classmethod
-    def listed_urls(cls, config: ClientConfig) -> list[str]:
+    def listed_urls(cls, config: OpenAICompatibleSection) -> list[str]:
         """The engines' URLs (accounts may share a base URL: each key is one backend)."""
         return [entry.url for entry in config.openai_compatible_server_urls]
 

@@ -7,23 +7,35 @@ from __future__ import annotations
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import httpx
-from pydantic import ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from client.backends.backend import Backend
 from client.backends.plan import AS_SENT, Plan
+from client.config.schema_common import ServerAddress, ServerDNSConfig
 from client.endpoints import Endpoint
 from client.gateway_request import GatewayRequest
 from protocol.health import HealthResponse
 from protocol.openai_api import ModelList
 
-if TYPE_CHECKING:
-    from client.config.schema import ClientConfig
-    from client.config.schema_common import ServerDNSConfig
-
 logger = logging.getLogger(__name__)
+
+
+def server_list_section(
+    name: str, urls_key: str, description: str, dns_key: str = ""
+) -> type[BaseModel]:
+    """The gateway config's keys for one kind of our servers (the model called ``name``): the
+    list ``urls_key`` (URLs or deployment app names, ``description`` saying which servers) and,
+    with a ``dns_key``, a DNS name to find more of them through."""
+    fields: dict[str, Any] = {
+        urls_key: (list[ServerAddress], Field(default_factory=list, description=description))
+    }
+    if dns_key:
+        fields[dns_key] = (ServerDNSConfig | None, None)
+    doc = f"The gateway config's keys for {description.split(',')[0]}."
+    return create_model(name, __doc__=doc, **fields)
 
 
 class _ProbeError(Exception):
@@ -33,7 +45,10 @@ class _ProbeError(Exception):
 @dataclass(eq=False)
 class OurServer(Backend):
     """One of our servers, listed by URL (or app name) under ``urls_key`` and found through
-    DNS under ``dns_key``; it reports its kind, models and load on ``/health``."""
+    DNS under ``dns_key``; it reports its kind, models and load on ``/health``.
+
+    The config hooks read the kind's section (any config model holding it) by those keys.
+    """
 
     #: The config key listing these servers' URLs (or deployment app names).
     urls_key: ClassVar[str]
@@ -41,12 +56,12 @@ class OurServer(Backend):
     dns_key: ClassVar[str] = ""
 
     @classmethod
-    def from_config(cls, config: ClientConfig) -> list[Backend]:
+    def from_config(cls, config: BaseModel) -> list[Backend]:
         """One backend per listed URL."""
         return [cls(url=url) for url in getattr(config, cls.urls_key)]
 
     @classmethod
-    def listed_urls(cls, config: ClientConfig) -> list[str]:
+    def listed_urls(cls, config: BaseModel) -> list[str]:
         """The URLs under ``urls_key``."""
         return list(getattr(config, cls.urls_key))
 
@@ -56,12 +71,12 @@ class OurServer(Backend):
         return (cls.urls_key,)
 
     @classmethod
-    def dns_entry(cls, config: ClientConfig) -> ServerDNSConfig | None:
+    def dns_entry(cls, config: BaseModel) -> ServerDNSConfig | None:
         """The entry under ``dns_key``, if the config has one."""
         return getattr(config, cls.dns_key) if cls.dns_key else None
 
     @classmethod
-    def with_discovered(cls, config: ClientConfig, urls: list[str]) -> dict[str, Any]:
+    def with_discovered(cls, config: BaseModel, urls: list[str]) -> dict[str, Any]:
         """The URL list with the discovered servers appended."""
         return {cls.urls_key: [*getattr(config, cls.urls_key), *urls]} if urls else {}
 

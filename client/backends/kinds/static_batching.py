@@ -5,19 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, Field
-
-from client.backends.kinds.our_server import OurServer
-from client.config.schema_common import ServerAddress, ServerDNSConfig
-
-
-class StaticBatchingSection(BaseModel):
-    """The gateway config's keys for static-batching servers."""
-
-    static_batching_server_urls: list[ServerAddress] = Field(
-        default_factory=list, description="static-batching servers, URLs or deployment app names"
-    )
-    static_batching_server_dns: ServerDNSConfig | None = None
+from client.backends.kinds.our_server import OurServer, server_list_section
 
 
 @dataclass(eq=False)
@@ -26,8 +14,13 @@ class StaticBatchingServer(OurServer):
 
     kind = "static_batching"
     noun = "static-batching server"
-    section = StaticBatchingSection
     is_resumable = True
     tier = "second"
     urls_key = "static_batching_server_urls"
     dns_key = "static_batching_server_dns"
+    section = server_list_section(
+        "StaticBatchingSection",
+        urls_key,
+        "static-batching servers, URLs or deployment app names",
+        dns_key,
+    )
