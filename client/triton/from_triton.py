@@ -9,7 +9,7 @@ from typing import Any
 
 from client.backends.translation import CallerTranslation, StreamTranslator, Translation
 from client.triton.call import TritonCall
-from client.triton.protocol import triton_response, triton_stream_response
+from client.triton.responses import triton_response, triton_stream_response
 from protocol.generation import GenerateResponse, GenerateStreamChunk
 from utils.sse import SSE_MEDIA_TYPE, SSEDataSplitter, encode_event
 

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from client.backends.translation import StreamTranslator, Translation
 from client.triton.chat_templates import render_chat
-from client.triton.protocol import TritonGenerateRequest, TritonGenerateResponse
+from client.triton.protocol import TritonGenerateRequest
+from client.triton.responses import TritonGenerateResponse
 from protocol.generation import GenerateRequest
 from utils.errors import APIError
 from utils.sse import SSEDataSplitter, encode_done, encode_event

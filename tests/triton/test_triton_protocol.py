@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from client.triton.protocol import (
+from client.triton.protocol import TritonGenerateRequest
+from client.triton.responses import (
     TritonErrorResponse,
-    TritonGenerateRequest,
     TritonGenerateResponse,
     triton_response,
     triton_stream_response,

@@ -2,7 +2,8 @@
 
 This is the server the gateway's Triton backends are tested against, so these tests pin down
 what Triton itself answers: the JSON of ``generate``, the events of ``generate_stream``, the
-error shape and the ready endpoints, and that :mod:`client.triton.protocol` reads and writes them.
+error shape and the ready endpoints, and that :mod:`client.triton.protocol` (requests) and
+:mod:`client.triton.responses` (answers) read and write them.
 """
 
 from __future__ import annotations
@@ -21,11 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from client.triton.protocol import (
-    TritonErrorResponse,
-    TritonGenerateRequest,
-    TritonGenerateResponse,
-)
+from client.triton.protocol import TritonGenerateRequest
+from client.triton.responses import TritonErrorResponse, TritonGenerateResponse
 from protocol.generation import GenerateRequest
 from tests.support.waiting import wait_until
 from tests.triton.stand_in.pytriton_server import WORKER_SCRIPT
