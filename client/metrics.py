@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Literal
 
 from prometheus_client import (
@@ -56,6 +56,36 @@ def outcome_of_status(status_code: int) -> Outcome:
     return "upstream_client_error" if status_code < 500 else "upstream_server_error"
 
 
+#: The per-backend gauges, read from the registry at scrape time: name, help, value.
+_BACKEND_GAUGES: tuple[tuple[str, str, Callable[[Backend], float]], ...] = (
+    (
+        "gateway_backend_healthy",
+        "1 when the backend passes its heartbeats",
+        lambda backend: 1.0 if backend.health.is_healthy else 0.0,
+    ),
+    (
+        "gateway_backend_circuit_open",
+        "1 while the backend's circuit breaker (or a jumper key's rest) keeps traffic away",
+        lambda backend: 1.0 if backend.health.breaker.state() == "open" else 0.0,
+    ),
+    (
+        "gateway_backend_in_flight",
+        "Requests the gateway has sent to the backend and not finished",
+        lambda backend: backend.num_in_flight,
+    ),
+    (
+        "gateway_backend_reported_waiting",
+        "Waiting requests at the backend's last health report",
+        lambda backend: backend.health.load.num_waiting,
+    ),
+    (
+        "gateway_backend_reported_running",
+        "Running requests at the backend's last health report",
+        lambda backend: backend.health.load.num_running,
+    ),
+)
+
+
 class _BackendCollector(Collector):
     """Reads health, in-flight counts and reported load from the registry at scrape time."""
 
@@ -63,40 +93,11 @@ class _BackendCollector(Collector):
         self._registry = registry
 
     def collect(self) -> Iterator[Metric]:
-        labels = ["backend", "kind"]
-        healthy = GaugeMetricFamily(
-            "gateway_backend_healthy", "1 when the backend passes its heartbeats", labels=labels
-        )
-        circuit_open = GaugeMetricFamily(
-            "gateway_backend_circuit_open",
-            "1 while the backend's circuit breaker (or a jumper key's rest) keeps traffic away",
-            labels=labels,
-        )
-        in_flight = GaugeMetricFamily(
-            "gateway_backend_in_flight",
-            "Requests the gateway has sent to the backend and not finished",
-            labels=labels,
-        )
-        waiting = GaugeMetricFamily(
-            "gateway_backend_reported_waiting",
-            "Waiting requests at the backend's last health report",
-            labels=labels,
-        )
-        running = GaugeMetricFamily(
-            "gateway_backend_reported_running",
-            "Running requests at the backend's last health report",
-            labels=labels,
-        )
-        for backend in self._registry.backends:
-            values = [backend.name, backend.kind]
-            healthy.add_metric(values, 1.0 if backend.health.is_healthy else 0.0)
-            circuit_open.add_metric(
-                values, 1.0 if backend.health.breaker.state() == "open" else 0.0
-            )
-            in_flight.add_metric(values, backend.num_in_flight)
-            waiting.add_metric(values, backend.health.load.num_waiting)
-            running.add_metric(values, backend.health.load.num_running)
-        yield from (healthy, circuit_open, in_flight, waiting, running)
+        for name, documentation, value_of in _BACKEND_GAUGES:
+            gauge = GaugeMetricFamily(name, documentation, labels=["backend", "kind"])
+            for backend in self._registry.backends:
+                gauge.add_metric([backend.name, backend.kind], value_of(backend))
+            yield gauge
 
 
 class GatewayMetrics:
@@ -109,45 +110,45 @@ class GatewayMetrics:
 
     def __init__(self, registry: BackendRegistry) -> None:
         self.collector_registry = CollectorRegistry()
-        self._requests = Counter(
+        self._requests = self._counter(
             "gateway_requests",
             "Attempts sent to backends (or refused by the gateway), by endpoint and outcome",
             ["backend", "endpoint", "outcome"],
-            registry=self.collector_registry,
         )
-        self._backend_latency = Histogram(
+        self._backend_latency = self._histogram(
             "gateway_backend_latency_seconds",
             "Time from sending a request to a backend to the end of that backend's answer",
             ["backend"],
-            buckets=_DURATION_BUCKETS,
-            registry=self.collector_registry,
         )
-        self._duration = Histogram(
+        self._duration = self._histogram(
             "gateway_request_duration_seconds",
             "Time from receiving a request to the end of its answer (streams included)",
             ["endpoint", "outcome"],
-            buckets=_DURATION_BUCKETS,
-            registry=self.collector_registry,
         )
-        self._retries = Counter(
+        self._retries = self._counter(
             "gateway_retries",
             "Attempts that failed before any byte reached the caller and were tried elsewhere",
             ["backend", "reason"],
-            registry=self.collector_registry,
         )
-        self._resumed = Counter(
+        self._resumed = self._counter(
             "gateway_resumed_streams",
             "Streams that broke off mid-answer and went on from another server, by cause",
             ["backend", "cause"],
-            registry=self.collector_registry,
         )
-        self._fallbacks = Counter(
+        self._fallbacks = self._counter(
             "gateway_fallbacks",
             "Requests sent to an OpenAI jumper because no local server could take them",
             ["reason"],
-            registry=self.collector_registry,
         )
         self.collector_registry.register(_BackendCollector(registry))
+
+    def _counter(self, name: str, documentation: str, labels: list[str]) -> Counter:
+        return Counter(name, documentation, labels, registry=self.collector_registry)
+
+    def _histogram(self, name: str, documentation: str, labels: list[str]) -> Histogram:
+        return Histogram(
+            name, documentation, labels, buckets=_DURATION_BUCKETS, registry=self.collector_registry
+        )
 
     def observe_attempt(
         self, backend: Backend, endpoint: str, outcome: Outcome, started_at: float
