@@ -56,6 +56,10 @@ def check_base_url(url: str) -> str:
     return url
 
 
+#: A server's base URL, checked by :func:`check_base_url`.
+BaseURL = Annotated[str, AfterValidator(check_base_url)]
+
+
 # The launcher's rule for app names (launcher.deployment.NAME_PATTERN).
 _APP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

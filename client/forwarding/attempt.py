@@ -68,21 +68,15 @@ class _Attempt:
         return self.backend, self.lease, self.request, self.translation
 
 
+@dataclass(eq=False)
 class AttemptRunner:
     """Runs single attempts with the shared upstream clients."""
 
-    def __init__(
-        self,
-        local_client: httpx.AsyncClient,
-        upstream_client: httpx.AsyncClient,
-        metrics: GatewayMetrics,
-        config: ClientConfig,
-    ) -> None:
-        self.local_client = local_client
-        self.upstream_client = upstream_client
-        self.metrics = metrics
-        #: Replaced on config reload (timeouts, cooldowns are read at every attempt).
-        self.config = config
+    local_client: httpx.AsyncClient
+    upstream_client: httpx.AsyncClient
+    metrics: GatewayMetrics
+    #: Replaced on config reload (timeouts, cooldowns are read at every attempt).
+    config: ClientConfig
 
     async def run(
         self, backend: Backend, lease: InFlightLease, request: GatewayRequest, plan: Plan

@@ -50,26 +50,22 @@ class ResumeTargets:
         return backend in self.tried or not backend.is_resumable or is_too_short
 
 
+@dataclasses.dataclass(eq=False)
 class StreamResumer:
-    """Finishes one caller's stream on other servers when the one streaming it dies."""
+    """Finishes one caller's stream on other servers when the one streaming it dies.
 
-    def __init__(
-        self,
-        router: Router,
-        runner: AttemptRunner,
-        request: GatewayRequest,
-        tried: list[Backend],
-        tracker: StreamTokens,
-    ) -> None:
-        self.router = router
-        #: The proxy's attempt runner: its config is the running one (reloads replace it).
-        self.runner = runner
-        self.request = request
-        self.tried = tried
-        self.tracker = tracker
-        self.num_resumes = 0
-        #: A server died within POISON_SECONDS of taking this request.
-        self.is_poison_suspect = False
+    ``tried`` is the request's list of tried backends (failover's), which resumes go on
+    filling; ``runner`` is the proxy's, whose config is the running one (reloads replace it).
+    """
+
+    router: Router
+    runner: AttemptRunner
+    request: GatewayRequest
+    tried: list[Backend]
+    tracker: StreamTokens
+    num_resumes: int = 0
+    #: A server died within POISON_SECONDS of taking this request.
+    is_poison_suspect: bool = False
 
     def _limit(self) -> int:
         limit = self.runner.config.max_stream_resumes

@@ -3,9 +3,9 @@ through DNS) and the model names Triton callers use on the gateway."""
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field
 
-from client.config.schema_common import ServerDNSConfig, check_base_url
+from client.config.schema_common import BaseURL, ServerDNSConfig
 
 
 class TritonServerConfig(BaseModel):
@@ -13,7 +13,7 @@ class TritonServerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    url: str
+    url: BaseURL
     models: dict[str, str] = Field(
         min_length=1,
         description="gateway model id -> Triton model name (TensorRT-LLM: usually 'ensemble')",
@@ -26,11 +26,6 @@ class TritonServerConfig(BaseModel):
         description="a Hugging Face tokenizer folder whose chat template renders chat requests "
         "into text for this server (without it, chats never go there)",
     )
-
-    @field_validator("url")
-    @classmethod
-    def _check_url(cls, value: str) -> str:
-        return check_base_url(value)
 
 
 class TritonServerDNSConfig(ServerDNSConfig):

@@ -14,7 +14,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from client.config.schema_common import EnvSecret, check_base_url, is_placeholder_key
+from client.config.schema_common import BaseURL, EnvSecret, check_base_url, is_placeholder_key
 
 #: The tiers an OpenAI-compatible upstream may be put in (see ``client.backends.backend``).
 UpstreamTier = Literal["first", "second", "fallback"]
@@ -102,18 +102,13 @@ class OpenAIJumperConfig(BaseModel):
 
     api_key: EnvSecret
     org_id: str | None = None
-    base_url: str = "https://api.openai.com/v1"
+    base_url: BaseURL = "https://api.openai.com/v1"
     models: list[str] = Field(
         default_factory=list, description="model ids this upstream serves (empty: any)"
     )
     model_map: dict[str, str] = Field(
         default_factory=dict, description="gateway model id -> upstream model id"
     )
-
-    @field_validator("base_url")
-    @classmethod
-    def _check_base_url(cls, value: str) -> str:
-        return check_base_url(value)
 
     @property
     def is_enabled(self) -> bool:
