@@ -106,7 +106,8 @@ class Proxy:
                     self.router, self.attempts, request, tried, response.tracker
                 )
             return response
-        if tries.last_failure is None:  # nothing tried: the router's error, not a failure's
+        # After a failure the caller gets what went wrong, not the router's "nothing left".
+        if tries.last_failure is None:
             assert tries.refusal is not None
             self.metrics.count_rejected(request.endpoint)
             self.attempts.finish(request, "rejected", None)
