@@ -150,7 +150,7 @@ class StaticBatchingBackend(GenerationBackend):
         """Yield delta batches until every choice finished; closing early aborts the request.
 
         A request with ``resumed_token_ids`` (``protocol.resume``) continues its choice from
-        those tokens as its own output (see :mod:`server.static_batching.worker`): greedy
+        those tokens as its own output (see :mod:`server.static_batching.rows`): greedy
         gives the undisturbed run's continuation. Seeded sampling does not reproduce the first
         server's draws (``generate`` draws from one generator seeded per call, not per choice
         and position as the continuous-batching engine does): the resumed text differs there.
