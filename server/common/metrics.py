@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import ClassVar
 
 from prometheus_client import (
     CollectorRegistry,
@@ -24,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from protocol.health import ComputePath, LoadReport
 from server.common.vllm_metrics import VllmLoadCollector, VllmMetrics
+from utils.asgi import HttpMiddleware
 
 # The *_created series only add noise to a scrape.
 disable_created_metrics()
@@ -35,23 +37,23 @@ _BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _EMBEDDING_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 
 
-class RequestCounter:
+class RequestCounter(HttpMiddleware):
     """ASGI middleware counting POST requests by path and status in ``requests``, and, given a
     ``latency`` histogram, observing their time to the response's start.
 
-    Pure ASGI rather than ``BaseHTTPMiddleware``: streaming answers and client disconnects pass
-    through untouched. Every model server (generation and embedding) installs it.
+    Pure ASGI (``utils.asgi``): streaming answers and client disconnects pass through
+    untouched. Every model server (generation and embedding) installs it.
     """
 
+    methods: ClassVar[frozenset[str] | None] = frozenset({"POST"})
+
     def __init__(self, app: ASGIApp, requests: Counter, latency: Histogram | None = None) -> None:
-        self.app = app
+        super().__init__(app)
         self.requests = requests
         self.latency = latency
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Count the request's answer (and time its start)."""
         started = time.monotonic()
 
         async def counting_send(message: Message) -> None:
