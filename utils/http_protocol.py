@@ -18,16 +18,13 @@ The timers and answers are ``utils.connection_guard``'s; here, the parser hooks.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any
 
 import h11
 import httptools
-from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from utils.connection_guard import ConnectionGuard
 
@@ -123,14 +120,10 @@ class HardenedH11Protocol(ConnectionGuard, H11Protocol):
     """``H11Protocol`` with the same limits and answers as ``HardenedHttpToolsProtocol``
     (h11 bounds unfinished headers itself, at ``max_header_bytes``)."""
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
+    def _init_guard(self, app: Any) -> None:
+        """The guard's state, and an h11 connection that reports its events to it (replacing
+        uvicorn's, made in ``H11Protocol.__init__`` just before)."""
+        super()._init_guard(app)
         self.conn = _WatchedConnection(self, self.limits.max_header_bytes)
 
     def data_received(self, data: bytes) -> None:
