@@ -6,24 +6,19 @@ Gunicorn calls ``build_app(config_path)`` (one worker: one engine per process);
 
 from __future__ import annotations
 
-import os
-
 from fastapi import FastAPI
 
 from server.common.app import create_server_app
 from server.common.compute_thread import ComputeThread
+from server.common.entry import ServerEntry
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model import cpu_isa
-from utils.logging import setup_logging
-
-DEFAULT_CONFIG = "configs/cb_server_config.json"
 
 
-def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
+def _build(config_path: str) -> FastAPI:
     """Load the config and the model, and return the ASGI app."""
-    setup_logging(os.environ.get("LLM_SUITE_LOG_LEVEL", "INFO"))
     config = load_cb_server_config(config_path)
     loading = config.model_loading_config
     if loading.device == "cpu":
@@ -38,17 +33,8 @@ def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
     return create_server_app(backend, settings, title="Continuous-batching LLM server")
 
 
-def main() -> None:
-    """Run the server in the foreground (for development; use start_app.py to deploy)."""
-    from utils.serving import serve_from_command_line
-
-    serve_from_command_line(
-        build_app,
-        description=__doc__.splitlines()[0],
-        default_config=DEFAULT_CONFIG,
-        default_port=8001,
-    )
-
+ENTRY = ServerEntry(__doc__, "configs/cb_server_config.json", 8001, _build)
+build_app, main = ENTRY.build_app, ENTRY.main
 
 if __name__ == "__main__":
     main()

@@ -7,45 +7,31 @@ the foreground with uvicorn instead.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from fastapi import FastAPI
 
+from server.common.entry import ServerEntry
 from server.embedding.app import create_embedding_app
 from server.embedding.config import load_embedding_server_config
 from server.embedding.encoder import Encoder
-from utils.logging import setup_logging
-
-DEFAULT_CONFIG = "configs/embedding_server_config.json"
 
 
-def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
+def _build(config_path: str) -> FastAPI:
     """Load the config and the encoder, and return the ASGI app (one model per process)."""
-    setup_logging(os.environ.get("LLM_SUITE_LOG_LEVEL", "INFO"))
     config = load_embedding_server_config(config_path)
     encoder_config = config.encoder_config
     if encoder_config.num_threads:
         torch.set_num_threads(encoder_config.num_threads)
     encoder = Encoder(
-        encoder_config.resolved_model_path(config.config_file),
+        config.model_folder(),
         device=encoder_config.device,
         dtype=getattr(torch, encoder_config.torch_dtype),
     )
     return create_embedding_app(encoder, config)
 
 
-def main() -> None:
-    """Run the server in the foreground (for development; use start_app.py to deploy)."""
-    from utils.serving import serve_from_command_line
-
-    serve_from_command_line(
-        build_app,
-        description=__doc__.splitlines()[0],
-        default_config=DEFAULT_CONFIG,
-        default_port=8003,
-    )
-
+ENTRY = ServerEntry(__doc__, "configs/embedding_server_config.json", 8003, _build)
+build_app, main = ENTRY.build_app, ENTRY.main
 
 if __name__ == "__main__":
     main()

@@ -6,38 +6,24 @@ runs it in the foreground with uvicorn instead.
 
 from __future__ import annotations
 
-import os
-
 from fastapi import FastAPI
 
 from server.common.app import create_server_app
+from server.common.entry import ServerEntry
 from server.static_batching.backend import StaticBatchingBackend
 from server.static_batching.config import load_sb_server_config
-from utils.logging import setup_logging
-
-DEFAULT_CONFIG = "configs/sb_server_config.json"
 
 
-def build_app(config_path: str = DEFAULT_CONFIG) -> FastAPI:
+def _build(config_path: str) -> FastAPI:
     """Load the config and the model, and return the ASGI app (one model per process)."""
-    setup_logging(os.environ.get("LLM_SUITE_LOG_LEVEL", "INFO"))
     config = load_sb_server_config(config_path)
     backend = StaticBatchingBackend(config)
     settings = config.serving_config.settings(backend.model_id)
     return create_server_app(backend, settings, title="Static-batching LLM server")
 
 
-def main() -> None:
-    """Run the server in the foreground (for development; use start_app.py to deploy)."""
-    from utils.serving import serve_from_command_line
-
-    serve_from_command_line(
-        build_app,
-        description=__doc__.splitlines()[0],
-        default_config=DEFAULT_CONFIG,
-        default_port=8002,
-    )
-
+ENTRY = ServerEntry(__doc__, "configs/sb_server_config.json", 8002, _build)
+build_app, main = ENTRY.build_app, ENTRY.main
 
 if __name__ == "__main__":
     main()

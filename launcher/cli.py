@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from launcher.commands import cmd_down, cmd_logs, cmd_start, cmd_status, cmd_stop, cmd_up
 from launcher.console import StartAppError, err
@@ -25,6 +26,23 @@ from launcher.serve import add_serve_parser
 
 def build_parser() -> argparse.ArgumentParser:
     """The command-line interface."""
+    common = _common_options()
+    # prog is left to argparse: "llm-suite" or "start_app.py", whichever was run.
+    parser = argparse.ArgumentParser(
+        description="Run the suite's apps (gateway, servers, chat UI) in the background, or "
+        "serve one model with 'serve MODEL'.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=_epilog(),
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _add_deployment_commands(sub, common)
+    _add_app_commands(sub, common)
+    add_serve_parser(sub, common)
+    return parser
+
+
+def _common_options() -> argparse.ArgumentParser:
+    """``--run-dir`` and ``--deployment``, which every command takes (a parent parser)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--run-dir",
@@ -35,35 +53,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--deployment",
         help=f"deployment file (default: {DEFAULT_DEPLOYMENT.relative_to(REPO_ROOT)})",
     )
+    return common
 
-    # prog is left to argparse: "llm-suite" or "start_app.py", whichever was run.
-    parser = argparse.ArgumentParser(
-        description="Run the suite's apps (gateway, servers, chat UI) in the background, or "
-        "serve one model with 'serve MODEL'.",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="\n".join(
-            [
-                "apps (APP):",
-                *(
-                    f"  {name:<10} {kind.module} (default port {kind.default_port})"
-                    for name, kind in APP_KINDS.items()
-                ),
-                "",
-                "examples (llm-suite or python start_app.py):",
-                "  llm-suite up          # every enabled app of configs/deployment.json",
-                "  llm-suite status",
-                "  llm-suite logs client -n 100 -f",
-                "  llm-suite start sb_server --port 8012 --workers 2",
-                "  llm-suite down",
-                "  llm-suite serve models/SmolLM2-135M-Instruct --port 8000   # Ctrl-C stops it",
-                "",
-                f"environment: {RUN_DIR_ENV} sets the pid/log folder (default <repo>/run).",
-                "Run '<command> --help' for the options of a command.",
-            ]
-        ),
+
+def _epilog() -> str:
+    """The end of ``--help``: the apps, examples and the environment."""
+    return "\n".join(
+        [
+            "apps (APP):",
+            *(
+                f"  {name:<10} {kind.module} (default port {kind.default_port})"
+                for name, kind in APP_KINDS.items()
+            ),
+            "",
+            "examples (llm-suite or python start_app.py):",
+            "  llm-suite up          # every enabled app of configs/deployment.json",
+            "  llm-suite status",
+            "  llm-suite logs client -n 100 -f",
+            "  llm-suite start sb_server --port 8012 --workers 2",
+            "  llm-suite down",
+            "  llm-suite serve models/SmolLM2-135M-Instruct --port 8000   # Ctrl-C stops it",
+            "",
+            f"environment: {RUN_DIR_ENV} sets the pid/log folder (default <repo>/run).",
+            "Run '<command> --help' for the options of a command.",
+        ]
     )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+
+def _add_deployment_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``up``, ``down`` and ``status``: the whole deployment at once."""
     up = sub.add_parser(
         "up",
         parents=[common],
@@ -96,6 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="machine-readable output")
     status.set_defaults(func=cmd_status)
 
+
+def _add_app_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``start``, ``stop`` and ``logs``: one app."""
     start = sub.add_parser(
         "start",
         parents=[common],
@@ -124,9 +145,6 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("-n", "--lines", type=int, default=50, help="lines to show (default 50)")
     logs.add_argument("-f", "--follow", action="store_true", help="keep printing new lines")
     logs.set_defaults(func=cmd_logs)
-
-    add_serve_parser(sub, common)
-    return parser
 
 
 def _absolute_cli_paths(args: argparse.Namespace) -> None:

@@ -15,16 +15,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from launcher.console import StartAppError
+from utils.config import NO_INPUT, ConfigError, ConfigProblem, load_config
 
 # Re-exported: the launcher's modules and start_app import base_url from here.
 from utils.deployment_apps import DEPLOYMENT_ENV_PREFIX
 from utils.deployment_apps import base_url as base_url
-from utils.env_overrides import EnvOverrideError, apply_env_overrides, variable_for
 
 REPO_ROOT: Path = Path(__file__).resolve().parents[1]
 DEFAULT_DEPLOYMENT: Path = REPO_ROOT / "configs" / "deployment.json"
@@ -131,9 +131,11 @@ class AppEntry(BaseModel):
 
 
 class Deployment(BaseModel):
-    """A deployment file: which apps to run, where, with which configs."""
+    """A deployment file: which apps to run, where, with which configs; ``LLM_SUITE_DEPLOYMENT``
+    variables override its keys."""
 
     model_config = ConfigDict(extra="forbid")
+    env_prefix: ClassVar[str] = DEPLOYMENT_ENV_PREFIX
 
     run_dir: str | None = Field(default=None, description="pid/log folder (default <repo>/run)")
     apps: list[AppEntry] = Field(min_length=1)
@@ -172,42 +174,28 @@ def format_loc(loc: Sequence[int | str]) -> str:
 
 
 def load_deployment(path: str | os.PathLike[str]) -> Deployment:
-    """Read and validate a deployment file.
+    """Read and validate a deployment file (``utils.config.load_config``, overrides included).
 
     Raises :class:`StartAppError` whose message names the file, the key and the problem.
     """
     file = resolve_path(path)
     try:
-        text = file.read_text()
-    except OSError as exc:
-        raise StartAppError(f"cannot read deployment file {file}: {exc.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise StartAppError(
-            f"deployment file {file} is not valid JSON: {exc.msg} "
-            f"(line {exc.lineno}, column {exc.colno})"
-        ) from None
-    applied: dict[tuple[str | int, ...], str] = {}
-    if isinstance(data, dict):
-        try:
-            applied = apply_env_overrides(data, DEPLOYMENT_ENV_PREFIX)
-        except EnvOverrideError as exc:
-            raise StartAppError(f"deployment file {file}: environment override {exc}") from None
-    try:
-        return Deployment.model_validate(data)
-    except ValidationError as exc:
-        lines = [f"bad deployment file {file}:"]
-        for error in exc.errors():
-            key = format_loc(error["loc"])
-            detail = error["msg"]
-            if error["type"] != "missing" and "input" in error:
-                detail += f" (got {json.dumps(error['input'], default=str)[:80]})"
-            variable = variable_for(tuple(error["loc"]), applied)
-            if variable:
-                detail += f" (set by the environment variable {variable})"
-            lines.append(f"  {key}: {detail}")
+        return load_config(file, Deployment)
+    except ConfigError as exc:
+        if not exc.problems:  # unreadable, not JSON, or a bad override: one line naming it
+            raise StartAppError(f"deployment file {exc}") from None
+        lines = [f"bad deployment file {file}:", *(f"  {_describe(p)}" for p in exc.problems)]
         raise StartAppError("\n".join(lines)) from None
+
+
+def _describe(problem: ConfigProblem) -> str:
+    """One key's problem, worded for the launcher: ``apps[0].port: ... (got ...)``."""
+    detail = problem.message
+    if problem.kind != "missing" and problem.input is not NO_INPUT:
+        detail += f" (got {json.dumps(problem.input, default=str)[:80]})"
+    if problem.variable:
+        detail += f" (set by the environment variable {problem.variable})"
+    return f"{format_loc(problem.loc)}: {detail}"
 
 
 def bind_address(host: str, port: int) -> str:

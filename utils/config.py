@@ -7,14 +7,18 @@ A schema with a ``env_prefix`` class variable takes overrides from the environme
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from utils.env_overrides import EnvOverrideError, apply_env_overrides, variable_for
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+#: Which keys the environment set: key path -> variable (``utils.env_overrides``).
+Overrides = dict[tuple[str | int, ...], str]
 
 
 class ConfigSection(BaseModel):
@@ -29,16 +33,49 @@ class ConfigSection(BaseModel):
     model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One key of a config file that failed validation, as pydantic reported it."""
+
+    loc: tuple[str | int, ...]
+    #: pydantic's message and error type (``missing``, ``extra_forbidden`` ...).
+    message: str
+    kind: str
+    #: The value refused, or ``NO_INPUT`` when pydantic reported none.
+    input: Any
+    #: The environment variable that set the key ("" when none did).
+    variable: str
+
+    def describe(self) -> str:
+        """``key: problem`` as ``load_config`` words it (``a.b.0.c: unknown key ...``)."""
+        key = ".".join(str(p) for p in self.loc) or "(top level)"
+        problem = self.message.removeprefix("Value error, ")
+        if self.kind == "extra_forbidden":
+            problem = "unknown key (check its spelling)"
+        if self.variable:
+            problem += f" (set by the environment variable {self.variable})"
+        return f"{key}: {problem}"
+
+
+#: ``ConfigProblem.input`` of an error without a value.
+NO_INPUT = object()
+
+
 class ConfigError(Exception):
-    """A config file that cannot be used; the message names the file, the key and the problem."""
+    """A config file that cannot be used; the message names the file, the key and the problem.
 
-
-def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
-    """Read ``path`` as JSON, apply the schema's environment overrides, validate.
-
-    Raises ``ConfigError`` with a message such as
-    ``configs/sb.json: batcher_config.package_max_workload: Input should be greater than 0``.
+    ``problems`` lists the keys that failed validation (empty when the file could not be read
+    or parsed), for callers that word them their own way (``launcher.deployment``).
     """
+
+    def __init__(self, message: str, problems: Sequence[ConfigProblem] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems)
+
+
+def read_config_data(path: str | Path, env_prefix: str | None = None) -> tuple[Any, Overrides]:
+    """The JSON value in ``path`` with the environment's overrides of ``env_prefix`` applied,
+    and which keys they set. Raises ``ConfigError`` naming the file."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -52,27 +89,37 @@ def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
         raise ConfigError(
             f"{path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}"
         ) from None
-    prefix = getattr(schema, "env_prefix", None)
-    applied: dict[tuple[str | int, ...], str] = {}
-    if prefix and isinstance(data, dict):
+    applied: Overrides = {}
+    if env_prefix and isinstance(data, dict):
         try:
-            applied = apply_env_overrides(data, prefix)
+            applied = apply_env_overrides(data, env_prefix)
         except EnvOverrideError as exc:
             raise ConfigError(f"{path}: environment override {exc}") from None
+    return data, applied
+
+
+def load_config(path: str | Path, schema: type[ConfigT]) -> ConfigT:
+    """Read ``path`` as JSON, apply the schema's environment overrides, validate.
+
+    Raises ``ConfigError`` with a message such as
+    ``configs/sb.json: batcher_config.package_max_workload: Input should be greater than 0``.
+    """
+    data, applied = read_config_data(path, getattr(schema, "env_prefix", None))
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        problems = []
-        for err in exc.errors():
-            key = ".".join(str(p) for p in err["loc"]) or "(top level)"
-            problem = str(err["msg"]).removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                problem = "unknown key (check its spelling)"
-            variable = variable_for(tuple(err["loc"]), applied)
-            if variable:
-                problem += f" (set by the environment variable {variable})"
-            problems.append(f"{path}: {key}: {problem}")
-        raise ConfigError("\n".join(problems)) from None
+        problems = [
+            ConfigProblem(
+                loc=tuple(err["loc"]),
+                message=str(err["msg"]),
+                kind=err["type"],
+                input=err.get("input", NO_INPUT),
+                variable=variable_for(tuple(err["loc"]), applied),
+            )
+            for err in exc.errors()
+        ]
+        message = "\n".join(f"{path}: {problem.describe()}" for problem in problems)
+        raise ConfigError(message, problems) from None
 
 
 def resolve_path(base_file: str | Path, value: str) -> str:

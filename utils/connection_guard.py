@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Iterable
 from typing import Any
 
+from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 from uvicorn.server import ServerState
 
@@ -21,6 +23,8 @@ from utils.errors import APIError
 
 logger = logging.getLogger("utils.http_protocol")
 
+#: Bytes a header line costs beyond its name and value (": " and CRLF).
+_HEADER_LINE_OVERHEAD = 4
 #: How long a rejected connection's remaining upload is read and discarded before closing.
 LINGER_SECONDS = 2.0
 
@@ -28,7 +32,8 @@ LINGER_SECONDS = 2.0
 class ConnectionGuard:
     """Mixin for a uvicorn HTTP protocol (before it in the bases): deadlines and rejections.
 
-    The protocol calls :meth:`_init_guard` after its own ``__init__``, and the phase hooks
+    Its ``__init__`` runs the protocol's, then :meth:`_init_guard`; the protocol calls the phase
+    hooks
     (``_request_started``, ``_headers_done``, ``_body_seen``, ``_body_done``) as it parses.
     """
 
@@ -43,6 +48,16 @@ class ConnectionGuard:
     server_state: ServerState
     timeout_keep_alive: float
     limit_concurrency: int | None
+
+    def __init__(
+        self,
+        config: Config,
+        server_state: ServerState,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        super().__init__(config, server_state, app_state, _loop)  # type: ignore[call-arg]
+        self._init_guard(config.app)
 
     def _init_guard(self, app: Any) -> None:
         self.limits: ConnectionLimits = limits_of(app)
@@ -130,6 +145,17 @@ class ConnectionGuard:
         if len(self.connections) > cap or len(self.tasks) >= cap:
             message = f"the server holds its limit of {cap} connections; retry shortly"
             self._rejection = (503, message, {"Retry-After": "1"})
+            return True
+        return False
+
+    def _headers_over_limit(self, target: bytes, headers: Iterable[tuple[bytes, bytes]]) -> bool:
+        """Measure headers that arrived whole (the parsers bound only unfinished ones): past
+        ``max_header_bytes`` the 431 is chosen and True returned, the caller stops the request."""
+        size = len(target) + sum(
+            len(name) + len(value) + _HEADER_LINE_OVERHEAD for name, value in headers
+        )
+        if size > self.limits.max_header_bytes:
+            self._rejection = (431, self._too_large_message(), {})
             return True
         return False
 

@@ -7,11 +7,9 @@ can read it without depending on the launcher.
 
 from __future__ import annotations
 
-import json
 import os
-from pathlib import Path
 
-from utils.env_overrides import EnvOverrideError, apply_env_overrides
+from utils.config import ConfigError, read_config_data
 
 #: Overrides of the deployment's keys from the environment (``utils.env_overrides``); read
 #: here as by the launcher, so that a port moved by a variable moves for both.
@@ -34,16 +32,9 @@ def app_urls(path: str | os.PathLike[str]) -> dict[str, str]:
     Raises ``ValueError`` naming the file when it cannot be read or has no usable app list.
     """
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ValueError(f"cannot read deployment file {path}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"deployment file {path} is not valid JSON: {exc.msg}") from None
-    if isinstance(data, dict):
-        try:
-            apply_env_overrides(data, DEPLOYMENT_ENV_PREFIX)
-        except EnvOverrideError as exc:
-            raise ValueError(f"deployment file {path}: environment override {exc}") from None
+        data, _ = read_config_data(path, DEPLOYMENT_ENV_PREFIX)
+    except ConfigError as exc:
+        raise ValueError(f"deployment file {exc}") from None
     apps = data.get("apps") if isinstance(data, dict) else None
     if not isinstance(apps, list):
         raise ValueError(f"deployment file {path} has no 'apps' list")

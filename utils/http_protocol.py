@@ -18,21 +18,15 @@ The timers and answers are ``utils.connection_guard``'s; here, the parser hooks.
 
 from __future__ import annotations
 
-import asyncio
 import sys
 from typing import Any
 
 import h11
 import httptools
-from uvicorn.config import Config
 from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-from uvicorn.server import ServerState
 
 from utils.connection_guard import ConnectionGuard
-
-#: Bytes a header line costs beyond its name and value (": " and CRLF).
-_HEADER_LINE_OVERHEAD = 4
 
 
 class _Rejected(Exception):
@@ -42,16 +36,6 @@ class _Rejected(Exception):
 class HardenedHttpToolsProtocol(ConnectionGuard, HttpToolsProtocol):
     """``HttpToolsProtocol`` with header/body/keep-alive timeouts, a header size limit, a
     connection cap and JSON error answers. Limits come from the served app's state."""
-
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self._init_guard(config.app)
 
     def data_received(self, data: bytes) -> None:
         """Feed the parser; bad input and oversized headers are answered in the error shape."""
@@ -87,13 +71,7 @@ class HardenedHttpToolsProtocol(ConnectionGuard, HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         """Check size and the connection cap, then start the app and the body's timer."""
-        size = len(self.url) + sum(
-            len(name) + len(value) + _HEADER_LINE_OVERHEAD for name, value in self.headers
-        )
-        if size > self.limits.max_header_bytes:
-            self._rejection = (431, self._too_large_message(), {})
-            raise _Rejected
-        if self._over_capacity():
+        if self._headers_over_limit(self.url, self.headers) or self._over_capacity():
             raise _Rejected
         super().on_headers_complete()
         self._headers_done()
@@ -123,11 +101,7 @@ class _WatchedConnection(h11.Connection):
         protocol = self.protocol
         if isinstance(event, h11.Request):
             # h11 bounds only unfinished headers; ones that came whole are measured here.
-            size = len(event.target) + sum(
-                len(name) + len(value) + _HEADER_LINE_OVERHEAD for name, value in event.headers
-            )
-            if size > protocol.limits.max_header_bytes:
-                protocol._rejection = (431, protocol._too_large_message(), {})
+            protocol._headers_over_limit(event.target, event.headers)
             if protocol._rejection is not None or protocol._over_capacity():
                 # uvicorn answers a RemoteProtocolError through send_400_response, which
                 # sends the rejection chosen here instead.
@@ -146,15 +120,10 @@ class HardenedH11Protocol(ConnectionGuard, H11Protocol):
     """``H11Protocol`` with the same limits and answers as ``HardenedHttpToolsProtocol``
     (h11 bounds unfinished headers itself, at ``max_header_bytes``)."""
 
-    def __init__(
-        self,
-        config: Config,
-        server_state: ServerState,
-        app_state: dict[str, Any],
-        _loop: asyncio.AbstractEventLoop | None = None,
-    ) -> None:
-        super().__init__(config, server_state, app_state, _loop)
-        self._init_guard(config.app)
+    def _init_guard(self, app: Any) -> None:
+        """The guard's state, and an h11 connection that reports its events to it (replacing
+        uvicorn's, made in ``H11Protocol.__init__`` just before)."""
+        super()._init_guard(app)
         self.conn = _WatchedConnection(self, self.limits.max_header_bytes)
 
     def data_received(self, data: bytes) -> None:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import uuid
 
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
+
+from utils.asgi import HttpMiddleware
 
 REQUEST_ID_HEADER = "x-request-id"
 #: Longer ids, or ids with characters outside printable ASCII, are replaced (they end up in
@@ -29,16 +31,11 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-class RequestIdMiddleware:
+class RequestIdMiddleware(HttpMiddleware):
     """ASGI middleware giving each HTTP request an id and returning it in the answer."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Give the request its id (in ``scope["state"]``) and put it in the answer's headers."""
         header = REQUEST_ID_HEADER.encode()
         sent = next((v for k, v in scope.get("headers", []) if k.lower() == header), None)
         request_id = sane_request_id(sent.decode("latin-1") if sent else None)

@@ -1,26 +1,67 @@
-"""Config sections every model server shares."""
+"""Config plumbing every model server shares: the ``serving_config`` section, the base of a
+server's whole config file, the one model-folder check, and the settings the HTTP layer runs
+with (``ServingSettings``).
+
+Each server's file (``cb_server_config.json``, ``sb_server_config.json``,
+``embedding_server_config.json``) keeps its own keys; only their plumbing lives here.
+"""
 
 from __future__ import annotations
 
-from pydantic import Field
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, ClassVar, Self
 
-from server.common.service import ServingSettings
-from utils.config import ConfigSection
+from pydantic import Field, PrivateAttr
+
+from utils.config import ConfigError, ConfigSection, load_config
 from utils.connection_limits import ConnectionLimits
 
+#: ``serving_config.request_timeout_seconds``: its constraint and meaning, declared once (a
+#: server may give it another default).
+RequestTimeoutSeconds = Annotated[
+    float, Field(gt=0.0, description="a request running longer is aborted (504)")
+]
+#: ``serving_config.max_request_bytes``, likewise.
+MaxRequestBytes = Annotated[int, Field(gt=0, description="larger request bodies are refused (413)")]
 
-class ServingConfig(ConnectionLimits, ConfigSection):
-    """``serving_config``: HTTP-level defaults applied to every request, and the HTTP
-    connection limits (``header_timeout_seconds`` ...)."""
+#: How to get a model, for the messages about a missing model folder.
+_MODEL_FOLDER_HINT = (
+    "models are loaded from local folders only; `make model` (python -m tools.prepare_model) "
+    "prepares the default one"
+)
+
+
+@dataclass
+class ServingSettings:
+    """What the HTTP layer of a generation server needs to know beyond the backend itself."""
+
+    served_model_names: list[str]
+    default_max_new_tokens: int = 256
+    request_timeout_seconds: float = 600.0
+    max_request_bytes: int = 1_000_000
+    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+
+
+class ServingSection(ConnectionLimits, ConfigSection):
+    """The keys of ``serving_config`` every server has: the request time limit, the body size
+    limit and the HTTP connection limits (``header_timeout_seconds`` ...)."""
+
+    request_timeout_seconds: RequestTimeoutSeconds = 600.0
+    max_request_bytes: MaxRequestBytes = 1_000_000
+
+    @property
+    def connection_limits(self) -> ConnectionLimits:
+        """The HTTP connection limits alone (what the protocol reads from the app's state)."""
+        return ConnectionLimits.of(self)
+
+
+class ServingConfig(ServingSection):
+    """``serving_config`` of the generation servers (CB and SB): the shared keys and the default
+    length of an answer."""
 
     default_max_new_tokens: int = Field(
         default=256, ge=1, description="new tokens when a request does not say"
-    )
-    request_timeout_seconds: float = Field(
-        default=600.0, gt=0.0, description="a request running longer is aborted (504)"
-    )
-    max_request_bytes: int = Field(
-        default=1_000_000, gt=0, description="larger request bodies are refused (413)"
     )
 
     def settings(self, model_id: str) -> ServingSettings:
@@ -30,5 +71,56 @@ class ServingConfig(ConnectionLimits, ConfigSection):
             default_max_new_tokens=self.default_max_new_tokens,
             request_timeout_seconds=self.request_timeout_seconds,
             max_request_bytes=self.max_request_bytes,
-            connection_limits=ConnectionLimits.of(self),
+            connection_limits=self.connection_limits,
         )
+
+
+class ServerConfigFile(ConfigSection):
+    """Base of a server's whole config file: ``load`` reads it (errors name file and key) and
+    remembers where it came from, so that relative paths in it resolve beside it.
+
+    Subclasses set ``env_prefix`` (``LLM_SUITE_..._SERVER``: overrides from the environment)
+    and ``file_name`` (the shipped file's name: the origin of a config built in code, whose
+    relative paths then resolve against the current directory).
+    """
+
+    env_prefix: ClassVar[str]
+    file_name: ClassVar[str]
+
+    # Where the config was read from; not part of the JSON.
+    _config_file: str | None = PrivateAttr(default=None)
+
+    @property
+    def config_file(self) -> str:
+        """The file this config came from (relative paths are resolved beside it)."""
+        return self._config_file or self.file_name
+
+    @classmethod
+    def load(cls, path: str | Path) -> Self:
+        """Read and validate ``path`` (raises ``ConfigError`` naming the file and the key)."""
+        config = load_config(path, cls)
+        config._config_file = str(path)
+        return config
+
+
+def check_model_folder(
+    config_file: str | Path, key: str, folder: str | Path, *, marker: str | None = "config.json"
+) -> Path:
+    """``folder`` when it is a local folder holding ``marker`` (a Hugging Face model's
+    ``config.json`` by default; None: any folder, a tokenizer's say).
+
+    Raises ``ConfigError`` naming the file, the key and the folder otherwise, so that a wrong
+    path stops start-up with one line instead of a traceback from transformers.
+    """
+    path = Path(folder)
+    if marker is None:
+        if not path.is_dir():
+            raise ConfigError(
+                f"{config_file}: {key}: '{path}' is not a folder ({_MODEL_FOLDER_HINT})"
+            )
+    elif not (path / marker).is_file():
+        raise ConfigError(
+            f"{config_file}: {key}: '{path}' is not a model folder ({marker} missing; "
+            f"{_MODEL_FOLDER_HINT})"
+        )
+    return path

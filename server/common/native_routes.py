@@ -1,4 +1,5 @@
-"""Native API of a model server: ``POST /generate``, ``GET /health``, ``GET /metrics``."""
+"""Native API of a model server: ``POST /generate`` and ``GET /health`` (``GET /metrics`` is
+every server's: ``server.common.app``)."""
 
 from __future__ import annotations
 
@@ -90,9 +91,5 @@ def build_native_router(service: GenerationService) -> APIRouter:
             load=backend.load_report(),
             compute=backend.compute_path,
         )
-
-    @router.get("/metrics")
-    async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
 
     return router

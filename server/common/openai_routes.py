@@ -211,6 +211,25 @@ def _chat_with_tools(is_constrained: bool) -> AnswerShape:
     )
 
 
+async def _answer(
+    request: Request,
+    service: GenerationService,
+    job: Job,
+    shape: AnswerShape,
+    body: CompletionRequest | ChatCompletionRequest,
+) -> Response:
+    """The job's answer in ``shape``: a stream when the body asks one, with a usage chunk at
+    its end when ``stream_options.include_usage`` asks that."""
+    return await answer_job(
+        request,
+        service,
+        job,
+        shape,
+        is_stream=body.stream,
+        is_usage_streamed=body.is_usage_streamed,
+    )
+
+
 def build_openai_router(service: GenerationService) -> APIRouter:
     """Routes of the OpenAI-compatible API over ``service``."""
     router = APIRouter(prefix="/v1")
@@ -223,14 +242,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest, service.settings.max_request_bytes)
         job, echo = _completion_job(service, body, request_record(request))
-        return await answer_job(
-            request,
-            service,
-            job,
-            completion_shape(echo),
-            is_stream=body.stream,
-            is_usage_streamed=body.is_usage_streamed,
-        )
+        return await _answer(request, service, job, completion_shape(echo), body)
 
     @router.post(
         "/chat/completions",
@@ -243,14 +255,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         shape = _CHAT
         if body.active_tools:
             shape = _chat_with_tools(is_constrained=body.forced_function is not None)
-        return await answer_job(
-            request,
-            service,
-            job,
-            shape,
-            is_stream=body.stream,
-            is_usage_streamed=body.is_usage_streamed,
-        )
+        return await _answer(request, service, job, shape, body)
 
     @router.get("/models", response_model=ModelList)
     async def models() -> ModelList:

@@ -16,9 +16,10 @@ from typing import TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from protocol.generation import FinishReason
+from utils.asgi import HttpMiddleware
 from utils.errors import parse_json_body
 from utils.http import read_body
 from utils.request_id import new_request_id
@@ -94,18 +95,13 @@ def _error_message(body: bytes) -> str | None:
         return body.decode("utf-8", "replace")[:200] or None
 
 
-class RequestContextMiddleware:
+class RequestContextMiddleware(HttpMiddleware):
     """Pure ASGI (streaming and disconnects intact): one log line per finished POST, under
     the id that ``utils.request_id.RequestIdMiddleware`` (installed outside this one) gave
     the request and returns in the answer."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Record the request while it runs; log its line when it ends."""
         state = scope.setdefault("state", {})
         record = RequestRecord(state.get("request_id") or new_request_id(), scope["path"])
         state["record"] = record

@@ -17,6 +17,9 @@ from dataclasses import dataclass, field
 from protocol.generation import FinishReason, GenerationConfig, TokenLogprob, Usage
 from protocol.resume import StreamResume
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
+
+# ServingSettings lives with the config it is made from; importers of this module still find it.
+from server.common.config import ServingSettings as ServingSettings
 from server.common.metrics import ServerMetrics
 from server.common.prompting import PromptProcessor
 from server.common.request_context import RequestRecord
@@ -26,21 +29,9 @@ from server.common.structured_output import (
     GrammarMatcher,
     OutputConstraint,
 )
-from utils.connection_limits import ConnectionLimits
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class ServingSettings:
-    """What the HTTP layer needs to know beyond the backend itself."""
-
-    served_model_names: list[str]
-    default_max_new_tokens: int = 256
-    request_timeout_seconds: float = 600.0
-    max_request_bytes: int = 1_000_000
-    connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 @dataclass

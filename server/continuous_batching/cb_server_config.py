@@ -11,16 +11,17 @@ from typing import ClassVar
 
 from pydantic import Field
 
-from server.common.config import ServingConfig
+from server.common.config import ServerConfigFile, ServingConfig, check_model_folder
 from server.continuous_batching.engine_config import EngineConfig
-from utils.config import ConfigError, load_config, resolve_path
+from utils.config import ConfigError, resolve_path
 
 
-class CBServerConfig(EngineConfig):
+class CBServerConfig(ServerConfigFile, EngineConfig):
     """The whole ``cb_server_config.json``; ``LLM_SUITE_CB_SERVER__SECTION__KEY`` overrides a key
     from the environment (``utils.env_overrides``)."""
 
     env_prefix: ClassVar[str] = "LLM_SUITE_CB_SERVER"
+    file_name: ClassVar[str] = "cb_server_config.json"
 
     serving_config: ServingConfig = Field(default_factory=ServingConfig)
 
@@ -31,7 +32,7 @@ class CBServerConfig(EngineConfig):
 
 def load_cb_server_config(path: str | Path) -> CBServerConfig:
     """Read, validate and resolve paths; raises ``ConfigError`` naming file, key and problem."""
-    config = load_config(path, CBServerConfig)
+    config = CBServerConfig.load(path)
     loading = config.model_loading_config
     loading.model_name_or_path = resolve_path(path, loading.model_name_or_path)
     if loading.tokenizer_name_or_path:
@@ -41,12 +42,9 @@ def load_cb_server_config(path: str | Path) -> CBServerConfig:
         if not gguf.is_file():
             raise ConfigError(f"{path}: model_loading_config: no GGUF file at {gguf}")
         return config
-    model_dir = Path(loading.model_name_or_path)
-    if not (model_dir / "config.json").is_file():
-        raise ConfigError(
-            f"{path}: model_loading_config.model_name_or_path: no Hugging Face model folder at "
-            f"{model_dir} (config.json missing); run `make model` for the default model"
-        )
+    model_dir = check_model_folder(
+        path, "model_loading_config.model_name_or_path", loading.model_name_or_path
+    )
     try:
         checkpoint = json.loads((model_dir / "config.json").read_text())
     except json.JSONDecodeError as exc:

@@ -1,29 +1,22 @@
 """The embedding server's FastAPI app: ``POST /v1/embeddings``, ``GET /v1/models``,
-``GET /health`` and ``GET /metrics``, with the same middleware, limits and error shape as the
-generation servers."""
+``GET /health`` and ``GET /metrics``, built by ``server.common.app.build_server_app`` like the
+generation servers' (same lifespan, middleware, limits, error shape and metrics plumbing)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
-from fastapi import FastAPI, Request
-from fastapi.responses import Response
+from fastapi import APIRouter, FastAPI, Request
 
 from protocol.embeddings import EmbeddingRequest, EmbeddingResponse
 from protocol.health import HealthResponse
 from protocol.openai_api import ModelCard, ModelList
-from server.common.metrics import RequestCounter
-from server.common.request_context import RequestContextMiddleware, parse_body, request_record
+from server.common.app import build_server_app
+from server.common.metrics import EmbeddingMetrics
+from server.common.request_context import parse_body, request_record
 from server.embedding.batcher import EmbeddingBatcher
 from server.embedding.config import EmbeddingServerConfig
 from server.embedding.encoder import Encoder
-from server.embedding.metrics import EmbeddingMetrics
 from server.embedding.service import EmbeddingService, new_embedding_id
-from utils.connection_limits import ConnectionLimits, set_limits
-from utils.errors import install_error_handlers
-from utils.openapi import document_models, json_body
-from utils.request_id import RequestIdMiddleware
+from utils.openapi import json_body
 
 
 def create_embedding_app(
@@ -41,53 +34,46 @@ def create_embedding_app(
     service: EmbeddingService
     metrics = EmbeddingMetrics(lambda: service.load_report(), counters, model_id)
     service = EmbeddingService(encoder, batcher, limits, model_id, metrics)
+    return build_server_app(
+        title="Embedding server",
+        lifecycle=service,
+        service=service,
+        metrics=metrics,
+        connection_limits=limits.connection_limits,
+        routers=[build_embedding_router(service)],
+        documented=[EmbeddingRequest],
+    )
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        batcher.start()
-        try:
-            yield
-        finally:
-            await batcher.stop()
 
-    app = FastAPI(title="Embedding server", lifespan=lifespan)
-    app.state.service = service
-    set_limits(app, ConnectionLimits.of(limits))
-    install_error_handlers(app)
-    app.add_middleware(RequestCounter, requests=metrics.requests, latency=metrics.latency)
-    app.add_middleware(RequestContextMiddleware)
-    app.add_middleware(RequestIdMiddleware)
+def build_embedding_router(service: EmbeddingService) -> APIRouter:
+    """The embedding server's own routes over ``service``."""
+    router = APIRouter()
 
-    @app.post(
+    @router.post(
         "/v1/embeddings",
         response_model=EmbeddingResponse,
         openapi_extra=json_body(EmbeddingRequest),
         summary="OpenAI embeddings",
     )
     async def embeddings(request: Request) -> EmbeddingResponse:
-        body = await parse_body(request, EmbeddingRequest, limits.max_request_bytes)
+        body = await parse_body(request, EmbeddingRequest, service.limits.max_request_bytes)
         record = request_record(request)
         record.response_id = new_embedding_id()
         answer = await service.embed(body)
         record.num_prompt_tokens = answer.usage.prompt_tokens
         return answer
 
-    @app.get("/v1/models", response_model=ModelList)
+    @router.get("/v1/models", response_model=ModelList)
     async def models() -> ModelList:
-        return ModelList(data=[ModelCard(id=model_id, max_model_len=service.max_tokens)])
+        return ModelList(data=[ModelCard(id=service.model_id, max_model_len=service.max_tokens)])
 
-    @app.get("/health", response_model=HealthResponse)
+    @router.get("/health", response_model=HealthResponse)
     async def health() -> HealthResponse:
         return HealthResponse(
             kind="embedding",
-            model=model_id,
+            model=service.model_id,
             max_model_len=service.max_tokens,
             load=service.load_report(),
         )
 
-    @app.get("/metrics")
-    async def metrics_page() -> Response:
-        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
-
-    document_models(app, [EmbeddingRequest])
-    return app
+    return router

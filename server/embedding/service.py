@@ -15,10 +15,10 @@ import torch
 
 from protocol.embeddings import EmbeddingData, EmbeddingRequest, EmbeddingResponse, EmbeddingUsage
 from protocol.health import LoadReport
+from server.common.metrics import EmbeddingMetrics
 from server.embedding.batcher import EmbeddingBatcher
 from server.embedding.config import EmbeddingLimits
 from server.embedding.encoder import Encoder
-from server.embedding.metrics import EmbeddingMetrics
 from utils.errors import APIError
 
 
@@ -42,6 +42,14 @@ class EmbeddingService:
         configured = limits.max_tokens_per_input
         #: Most tokens (special tokens included) one input may have.
         self.max_tokens = min(configured or encoder.max_tokens, encoder.max_tokens)
+
+    async def start(self) -> None:
+        """Start batching (the app's lifespan calls this inside the event loop)."""
+        self.batcher.start()
+
+    async def shutdown(self) -> None:
+        """Stop batching; inputs still waiting fail."""
+        await self.batcher.stop()
 
     def load_report(self) -> LoadReport:
         """Inputs waiting for and inside a forward pass."""

@@ -14,6 +14,7 @@ from transformers.utils import logging as hf_logging
 from protocol.health import LoadReport, ServerKind
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.compute_thread import ComputeThread
+from server.common.config import check_model_folder
 from server.static_batching.batcher import PackageRecord, PackagingBatcher
 from server.static_batching.config import SBServerConfig, SBWorkerConfig
 from server.static_batching.worker import LoadedModel, SBWorker
@@ -35,17 +36,10 @@ def load_model(config: SBWorkerConfig, config_file: str) -> LoadedModel:
         )
     model_path = config.resolved_model_path(config_file)
     tokenizer_path = config.resolved_tokenizer_path(config_file)
-    for key, path in (
-        ("model_name_or_path", model_path),
-        ("tokenizer_name_or_path", tokenizer_path),
-    ):
-        if not Path(path).is_dir():
-            raise ConfigError(
-                f"{where}.{key}: '{path}' is not a folder (models are loaded from local "
-                "folders only; prepare the default one with `python -m tools.prepare_model`)"
-            )
-    if not (Path(model_path) / "config.json").is_file():
-        raise ConfigError(f"{where}.model_name_or_path: '{model_path}' has no config.json")
+    check_model_folder(config_file, "worker_config.model_name_or_path", model_path)
+    check_model_folder(
+        config_file, "worker_config.tokenizer_name_or_path", tokenizer_path, marker=None
+    )
     try:
         device = torch.device(config.device)
     except RuntimeError as exc:
@@ -156,7 +150,7 @@ class StaticBatchingBackend(GenerationBackend):
         """Yield delta batches until every choice finished; closing early aborts the request.
 
         A request with ``resumed_token_ids`` (``protocol.resume``) continues its choice from
-        those tokens as its own output (see :mod:`server.static_batching.worker`): greedy
+        those tokens as its own output (see :mod:`server.static_batching.rows`): greedy
         gives the undisturbed run's continuation. Seeded sampling does not reproduce the first
         server's draws (``generate`` draws from one generator seeded per call, not per choice
         and position as the continuous-batching engine does): the resumed text differs there.

@@ -9,10 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import Field, field_validator
 
-from server.common.config import ServingConfig
-from utils.config import ConfigSection, load_config, resolve_path
+from server.common.config import ServerConfigFile, ServingConfig
+from utils.config import ConfigSection, resolve_path
 
 TorchDtypeName = Literal["float32", "bfloat16", "float16", "auto"]
 
@@ -68,26 +68,18 @@ class SBWorkerConfig(ConfigSection):
         return resolve_path(config_file, value)
 
 
-class SBServerConfig(ConfigSection):
+class SBServerConfig(ServerConfigFile):
     """The whole ``sb_server_config.json``; ``LLM_SUITE_SB_SERVER__SECTION__KEY`` overrides a key
     from the environment (``utils.env_overrides``)."""
 
     env_prefix: ClassVar[str] = "LLM_SUITE_SB_SERVER"
+    file_name: ClassVar[str] = "sb_server_config.json"
 
     batcher_config: SBBatcherConfig
     worker_config: SBWorkerConfig
     serving_config: ServingConfig = Field(default_factory=ServingConfig)
-    # Where the config was read from, to resolve relative paths; not part of the JSON.
-    _config_file: str = PrivateAttr(default="sb_server_config.json")
-
-    @property
-    def config_file(self) -> str:
-        """The file this config came from (relative paths are resolved beside it)."""
-        return self._config_file
 
 
 def load_sb_server_config(path: str | Path) -> SBServerConfig:
     """Read and validate ``path`` (raises ``utils.config.ConfigError`` naming file and key)."""
-    config = load_config(path, SBServerConfig)
-    config._config_file = str(path)
-    return config
+    return SBServerConfig.load(path)

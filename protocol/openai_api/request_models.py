@@ -1,16 +1,16 @@
-"""OpenAI-compatible API models: completions, chat completions, stream chunks, model list.
+"""Request bodies of the OpenAI-compatible API: completions and chat completions.
 
-Requests accept the fields the official ``openai`` SDK sends and the common extras of
-vLLM's server (``top_k``, ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``,
+They accept the fields the official ``openai`` SDK sends and the common extras of vLLM's server
+(``top_k``, ``min_p``, ``min_tokens``, ``repetition_penalty``, ``ignore_eos``,
 ``use_beam_search``, ``best_of``...). ``presence_penalty``, ``frequency_penalty``,
 ``logit_bias`` and ``min_p`` keep OpenAI's and vLLM's definitions (see
-``protocol.generation.GenerationConfig``). Fields we cannot honour are refused with a clear
-message rather than silently ignored.
+``protocol.generation.GenerationConfig``). A known field whose value we cannot honour
+(``suffix``, ``best_of`` above ``n`` without beam search) is refused with a clear message;
+fields we do not know at all are dropped without a word (``extra="ignore"``).
 """
 
 from __future__ import annotations
 
-import time
 from typing import Any, Literal
 
 from pydantic import (
@@ -28,12 +28,10 @@ from protocol.generation import (
     ChatMessage,
     GenerateRequest,
     GenerationConfig,
-    Usage,
     parse_logit_bias,
 )
 from protocol.resume import StreamResume
 
-OpenAIFinishReason = Literal["stop", "length", "abort", "tool_calls"]
 #: OpenAI's bound of the completions ``logprobs`` (alternatives per token).
 MAX_COMPLETION_LOGPROBS = 5
 
@@ -82,7 +80,11 @@ class ResponseFormat(BaseModel):
 
 
 class _SamplingFields(BaseModel):
-    """Decoding fields shared by completions and chat completions."""
+    """Decoding fields shared by completions and chat completions.
+
+    Fields not declared here are dropped, not refused (``extra="ignore"``): a request with a
+    field we do not know is answered as if it had not sent it.
+    """
 
     model_config = ConfigDict(extra="ignore")
 
@@ -343,148 +345,3 @@ class ChatCompletionRequest(_SamplingFields):
         if self.continue_final_message or self.chat_template_kwargs or self.active_tools:
             return None
         return self._native(messages=self.messages)
-
-
-class CompletionLogprobs(BaseModel):
-    """A completion choice's logprobs (OpenAI's legacy shape): per generated token its text,
-    logprob, likeliest alternatives ``{text: logprob}`` and offset in the choice's text."""
-
-    tokens: list[str] = Field(default_factory=list)
-    #: None for an echoed prompt's first token (nothing comes before it).
-    token_logprobs: list[float | None] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
-    text_offset: list[int] = Field(default_factory=list)
-
-
-class CompletionChoice(BaseModel):
-    """One choice of a text completion."""
-
-    index: int
-    text: str
-    finish_reason: OpenAIFinishReason | None = None
-    logprobs: CompletionLogprobs | None = None
-
-
-def _now() -> int:
-    return int(time.time())
-
-
-class CompletionResponse(BaseModel):
-    """Answer of ``POST /v1/completions``; also each stream chunk (object is the same)."""
-
-    id: str
-    object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
-
-
-class FunctionCall(BaseModel):
-    """The function a tool call names, with its arguments as a JSON string."""
-
-    name: str
-    arguments: str
-
-
-class ToolCall(BaseModel):
-    """One call of an assistant message (``tool_calls``)."""
-
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatResponseMessage(BaseModel):
-    """The assistant message of a chat choice."""
-
-    role: Literal["assistant"] = "assistant"
-    content: str | None = None
-    tool_calls: list[ToolCall] | None = None
-
-
-class ChatTopLogprob(BaseModel):
-    """One likeliest alternative of a chat token: its text, logprob and UTF-8 bytes."""
-
-    token: str
-    logprob: float
-    bytes: list[int] | None = None
-
-
-class ChatTokenLogprob(ChatTopLogprob):
-    """A chat token's logprob with its ``top_logprobs`` alternatives."""
-
-    top_logprobs: list[ChatTopLogprob] = Field(default_factory=list)
-
-
-class ChatLogprobs(BaseModel):
-    """A chat choice's logprobs: one entry per generated token (a chunk's: its new ones)."""
-
-    content: list[ChatTokenLogprob] | None = None
-
-
-class ChatCompletionChoice(BaseModel):
-    """One choice of a chat completion."""
-
-    index: int
-    message: ChatResponseMessage
-    finish_reason: OpenAIFinishReason | None = None
-    logprobs: ChatLogprobs | None = None
-
-
-class ChatCompletionResponse(BaseModel):
-    """Answer of ``POST /v1/chat/completions`` (non-streaming)."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[ChatCompletionChoice]
-    usage: Usage
-
-
-class ChatDelta(BaseModel):
-    """The new part of the assistant message in a stream chunk (``tool_calls`` too, when a
-    choice ends in calls: kept as an extra, so that deltas without calls do not carry it)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["assistant"] | None = None
-    content: str | None = None
-
-
-class ChatCompletionChunkChoice(BaseModel):
-    """One choice of a chat stream chunk."""
-
-    index: int
-    delta: ChatDelta
-    finish_reason: OpenAIFinishReason | None = None
-    logprobs: ChatLogprobs | None = None
-
-
-class ChatCompletionChunk(BaseModel):
-    """One Server-Sent Event of a streaming chat completion."""
-
-    id: str
-    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=_now)
-    model: str
-    choices: list[ChatCompletionChunkChoice]
-    usage: Usage | None = None
-
-
-class ModelCard(BaseModel):
-    """One entry of ``GET /v1/models``."""
-
-    id: str
-    object: Literal["model"] = "model"
-    created: int = Field(default_factory=_now)
-    owned_by: str = "llm-serving-suite"
-    max_model_len: int | None = None
-
-
-class ModelList(BaseModel):
-    """Answer of ``GET /v1/models``."""
-
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
