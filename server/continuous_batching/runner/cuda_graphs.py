@@ -18,9 +18,9 @@ import logging
 
 import torch
 
-from server.continuous_batching.decode_buckets import DecodeInputs, pad_decode_inputs
 from server.continuous_batching.model.attention import AttentionMetadata, DecodeTables
 from server.continuous_batching.model.llama import LlamaForCausalLM
+from server.continuous_batching.runner.decode_buckets import DecodeInputs, pad_decode_inputs
 from server.continuous_batching.step_upload import StaticDecodeBuffers
 
 logger = logging.getLogger(__name__)
