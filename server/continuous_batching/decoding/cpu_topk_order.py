@@ -104,19 +104,15 @@ def _unguarded_partition_pivot(q: list[_Pair], first: int, last: int) -> int:
 
 
 def _move_median_to_first(q: list[_Pair], result: int, a: int, b: int, c: int) -> None:
-    if _before(q[a], q[b]):
-        if _before(q[b], q[c]):
-            chosen = b
-        elif _before(q[a], q[c]):
-            chosen = c
-        else:
-            chosen = a
-    elif _before(q[a], q[c]):
-        chosen = a
-    elif _before(q[b], q[c]):
+    # libstdc++'s two branches (a before b, or not) are one with a and b swapped: the same
+    # comparisons in the same order, so the same median, ties included.
+    low, high = (a, b) if _before(q[a], q[b]) else (b, a)
+    if _before(q[high], q[c]):
+        chosen = high
+    elif _before(q[low], q[c]):
         chosen = c
     else:
-        chosen = b
+        chosen = low
     q[result], q[chosen] = q[chosen], q[result]
 
 

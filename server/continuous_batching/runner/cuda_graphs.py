@@ -20,6 +20,7 @@ import torch
 
 from server.continuous_batching.model.attention import AttentionMetadata, DecodeTables
 from server.continuous_batching.model.llama import LlamaForCausalLM
+from server.continuous_batching.model.paged_attention import LayerCache
 from server.continuous_batching.runner.decode_buckets import DecodeInputs, pad_decode_inputs
 from server.continuous_batching.step_upload import StaticDecodeBuffers
 
@@ -32,7 +33,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model: LlamaForCausalLM,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[LayerCache],
         buckets: list[int],
         block_size: int,
         max_model_len: int,

@@ -14,6 +14,7 @@ import torch
 from server.continuous_batching.engine_config import BatcherConfig, CacheConfig, EngineConfig
 from server.continuous_batching.model.attention import plan_attention
 from server.continuous_batching.model.llama import kv_bytes_per_block
+from server.continuous_batching.model.paged_attention import LayerCache
 from server.continuous_batching.model.weights import load_model
 from server.continuous_batching.runner.cuda_graphs import DecodeGraphs
 from server.continuous_batching.runner.decode_buckets import (
@@ -22,7 +23,7 @@ from server.continuous_batching.runner.decode_buckets import (
     decode_buckets,
     pad_decode_inputs,
 )
-from server.continuous_batching.runner.kv_cache import KVCache, LayerCache
+from server.continuous_batching.runner.kv_cache import KVCache
 from server.continuous_batching.runner.kv_memory import (
     measure_cuda_memory,
     num_blocks_from_memory,
