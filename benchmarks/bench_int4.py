@@ -51,8 +51,8 @@ from server.continuous_batching.model import (  # noqa: E402
     kv_cache_shape,
 )
 from server.continuous_batching.model.linear import Linear  # noqa: E402
+from server.continuous_batching.model.weights import load_model  # noqa: E402
 from server.continuous_batching.quantization import quant_linear  # noqa: E402
-from server.continuous_batching.weights import load_model  # noqa: E402
 
 DEFAULT_MODEL = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

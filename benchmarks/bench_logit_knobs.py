@@ -5,13 +5,13 @@ Run by hand (not a test), on a quiet machine:
     .venv/bin/python benchmarks/bench_logit_knobs.py [--batches 1 32] [--vocab 49152]
         [--generated 128] [--steps 200] [--threads 2]
 
-One "step" is one :func:`server.continuous_batching.sampler.sample` call over ``[batch, vocab]``
-float32 logits (what the engine's decoder asks of the sampler once per step), for every row
-alike: greedy without knobs (the fast path, one argmax), greedy with each knob
+One "step" is one :func:`server.continuous_batching.sampling.draws.sample` call over ``[batch,
+vocab]`` float32 logits (what the engine's decoder asks of the sampler once per step), for every
+row alike: greedy without knobs (the fast path, one argmax), greedy with each knob
 (``logit_bias`` of 10 tokens, presence + frequency penalties over ``--generated`` generated
 tokens), greedy with all of them, sampling (temperature 0.8, top-p 0.95) without and with
-``min_p``, and sampling with every knob. Configurations alternate step by step, so machine
-noise hits them alike; the median and the minimum of each are printed, in milliseconds.
+``min_p``, and sampling with every knob. Configurations alternate step by step, so machine noise
+hits them alike; the median and the minimum of each are printed, in milliseconds.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ import time
 
 import torch
 
-from server.continuous_batching.sampler import RowParams, sample
+from server.continuous_batching.decoding.row_params import RowParams
+from server.continuous_batching.sampling.draws import sample
 
 PROMPT_LEN = 100
 

@@ -2,8 +2,8 @@
 of greedy rows, none asking for logprobs, and every row asking for its token's logprob and the
 top 5 (raw mode).
 
-The script times :class:`server.continuous_batching.sampler.LogitsSampler`'s ``sample`` plus
-``read_tokens`` (the step's one device-to-host copy, which carries the logprobs too) on random
+The script times :class:`server.continuous_batching.sampling.sampler.LogitsSampler`'s ``sample``
+plus ``read_tokens`` (the step's one device-to-host copy, which carries the logprobs too) on random
 logits of the default model's width (49152) at each batch size, and prints the medians as JSON.
 
 Run: ``.venv/bin/python benchmarks/bench_logprobs.py [--batches 1 32] [--steps 40] [--top 5]
@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from server.continuous_batching.row_params import RowParams  # noqa: E402
-from server.continuous_batching.sampler import LogitsSampler  # noqa: E402
+from server.continuous_batching.decoding.row_params import RowParams  # noqa: E402
+from server.continuous_batching.sampling.sampler import LogitsSampler  # noqa: E402
 
 VOCAB_SIZE = 49152
 

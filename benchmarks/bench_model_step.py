@@ -33,7 +33,7 @@ from server.continuous_batching.model import (  # noqa: E402
     kv_cache_shape,
 )
 from server.continuous_batching.model.decoder_ops import TorchDecoderOps  # noqa: E402
-from server.continuous_batching.weights import load_model  # noqa: E402
+from server.continuous_batching.model.weights import load_model  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"

@@ -3,7 +3,7 @@ rows with and without a JSON-schema grammar, on the default model's vocabulary.
 
 Each constrained row costs a host-side mask (llguidance, per row), the mask's application (one
 batched op), and, after the choice, the grammar's advance by the chosen token. The script
-times :func:`server.continuous_batching.sampler.sample` on random logits of the model's width
+times :func:`server.continuous_batching.sampling.draws.sample` on random logits of the model's width
 at each batch size, unconstrained and with every row constrained (the matchers advance along
 a valid JSON answer, so the masks are those of a real generation), and prints the figures and
 their ratio as JSON.
@@ -26,8 +26,8 @@ import torch  # noqa: E402
 from transformers import AutoTokenizer  # noqa: E402
 
 from server.common.structured_output import GrammarCompiler, OutputConstraint  # noqa: E402
-from server.continuous_batching.row_params import RowParams  # noqa: E402
-from server.continuous_batching.sampler import sample  # noqa: E402
+from server.continuous_batching.decoding.row_params import RowParams  # noqa: E402
+from server.continuous_batching.sampling.draws import sample  # noqa: E402
 from tools.prepare_model import default_model_dir  # noqa: E402
 
 SCHEMA = {

@@ -176,7 +176,7 @@ class EngineBench:
     def __init__(self, path: Path, args: argparse.Namespace) -> None:
         from server.continuous_batching.engine import LLMEngine
         from server.continuous_batching.engine_config import EngineConfig
-        from server.continuous_batching.model_runner import ModelRunner
+        from server.continuous_batching.runner.model_runner import ModelRunner
 
         max_batch = max(args.batches)
         per_seq = -(-(args.prompt_len + args.new_tokens + 1) // BLOCK_SIZE)

@@ -45,10 +45,10 @@ from benchmarks import (  # noqa: E402
 from benchmarks.workloads import WORKLOADS, Request, build_workload, render_chat  # noqa: E402
 from protocol.generation import GenerationConfig  # noqa: E402
 from server.common.backend import SequenceRequest  # noqa: E402
-from server.continuous_batching import model_runner  # noqa: E402
 from server.continuous_batching.engine import LLMEngine  # noqa: E402
 from server.continuous_batching.engine_config import EngineConfig  # noqa: E402
-from server.continuous_batching.scheduler import SchedulerOutput  # noqa: E402
+from server.continuous_batching.runner import model_runner  # noqa: E402
+from server.continuous_batching.scheduling.scheduler import SchedulerOutput  # noqa: E402
 from tools.prepare_model import ensure_default_model  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}

@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from server.common.app import create_server_app  # noqa: E402
 from server.common.service import ServingSettings  # noqa: E402
-from server.continuous_batching.model_runner import ModelRunner  # noqa: E402
+from server.continuous_batching.runner.model_runner import ModelRunner  # noqa: E402
 from server.static_batching.backend import StaticBatchingBackend, load_model  # noqa: E402
 from server.static_batching.config import SBServerConfig  # noqa: E402
 from server.static_batching.worker import LoadedModel  # noqa: E402

@@ -20,7 +20,7 @@ from protocol import errors as error_types
 from protocol.health import LoadReport, ServerKind
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
 from server.common.compute_thread import ComputeThread
-from server.continuous_batching.decoding import RequestOutput
+from server.continuous_batching.decoding.decoder import RequestOutput
 from server.continuous_batching.engine import EngineError, LLMEngine
 from utils.errors import APIError, overloaded
 

@@ -20,12 +20,12 @@ from transformers import AutoTokenizer
 
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest, TextDelta
-from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.decoding import Decoder, RequestOutput, StepTokens
+from server.continuous_batching.decoding.decoder import Decoder, RequestOutput, StepTokens
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
-from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.sampler import LogitsSampler
-from server.continuous_batching.scheduler import Scheduler
+from server.continuous_batching.runner.model_runner import ModelRunner
+from server.continuous_batching.sampling.sampler import LogitsSampler
+from server.continuous_batching.scheduling.block_manager import BlockManager
+from server.continuous_batching.scheduling.scheduler import Scheduler
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 logger = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 from protocol.generation import FinishReason, GenerationConfig
 
 if TYPE_CHECKING:  # annotations only
-    from server.continuous_batching.beam_search import BeamSearchState
-    from server.continuous_batching.row_params import RowLogprobs, RowParams
+    from server.continuous_batching.decoding.beam_search import BeamSearchState
+    from server.continuous_batching.decoding.row_params import RowLogprobs, RowParams
 
 _seq_ids = itertools.count()
 

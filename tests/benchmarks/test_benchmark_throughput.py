@@ -20,8 +20,8 @@ from benchmarks.workloads import (
     chat_messages,
     mixed_new_tokens,
 )
-from server.continuous_batching import model_runner
 from server.continuous_batching.model import attention, cpu_isa
+from server.continuous_batching.runner import model_runner
 
 REQUIRED_KEYS = {
     "workload",

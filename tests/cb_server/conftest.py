@@ -14,7 +14,7 @@ from server.common.app import create_server_app
 from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
 from tests.support.servers import ServerThread, start_gateway
 

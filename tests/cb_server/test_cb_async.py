@@ -11,7 +11,7 @@ from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import engine_config
 from tests.support.waiting import async_wait_until
 from utils.errors import APIError

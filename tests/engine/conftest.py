@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import engine_config
 
 QUESTIONS = [

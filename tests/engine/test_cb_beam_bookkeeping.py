@@ -13,8 +13,8 @@ import math
 
 import pytest
 
-from server.continuous_batching.beam_search import BeamCandidate, BeamSearchState, float32
-from server.continuous_batching.cpu_topk_order import topk_indices
+from server.continuous_batching.decoding.beam_search import BeamCandidate, BeamSearchState, float32
+from server.continuous_batching.decoding.cpu_topk_order import topk_indices
 
 EOS = 0
 PROMPT = 5

@@ -27,9 +27,10 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LogitsProcessor
 
-from server.continuous_batching.beam_search import BeamSearchState
-from server.continuous_batching.cpu_topk_order import topk_indices
-from server.continuous_batching.sampler import RowParams, beam_log_probs, top_beam_candidates
+from server.continuous_batching.decoding.beam_search import BeamSearchState
+from server.continuous_batching.decoding.cpu_topk_order import topk_indices
+from server.continuous_batching.decoding.row_params import RowParams
+from server.continuous_batching.sampling.beam_candidates import beam_log_probs, top_beam_candidates
 
 EOS = 2  # <|im_end|>, also the model's pad id
 # Greedy answers "2 + 2 = 4<|im_end|>": EOS arrives after ~8 tokens, so hypotheses finish while

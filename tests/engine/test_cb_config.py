@@ -11,7 +11,7 @@ import pytest
 from server.continuous_batching import engine
 from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine_config import ModelLoadingConfig
-from server.continuous_batching.weights import load_model
+from server.continuous_batching.model.weights import load_model
 from utils.config import ConfigError
 
 TINY_LLAMA = {

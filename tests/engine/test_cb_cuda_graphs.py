@@ -14,10 +14,10 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton numpy)")
 
-from server.continuous_batching.cuda_graphs import DecodeGraphs  # noqa: E402
-from server.continuous_batching.decode_buckets import DecodeInputs, pad_decode_inputs  # noqa: E402
 from server.continuous_batching.model import build_attention_metadata, kv_cache_shape  # noqa: E402
-from server.continuous_batching.model_runner import ModelRunner  # noqa: E402
+from server.continuous_batching.runner.cuda_graphs import DecodeGraphs  # noqa: E402
+from server.continuous_batching.runner.decode_buckets import DecodeInputs, pad_decode_inputs  # noqa: E402
+from server.continuous_batching.runner.model_runner import ModelRunner  # noqa: E402
 
 BLOCK_SIZE = 16
 NUM_BLOCKS = 8  # + the dummy block, number NUM_BLOCKS

@@ -6,14 +6,14 @@ from __future__ import annotations
 import pytest
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.decode_buckets import (
+from server.continuous_batching.engine_config import ModelLoadingConfig
+from server.continuous_batching.runner.decode_buckets import (
     DecodeInputs,
     bucket_for,
     decode_buckets,
     pad_decode_inputs,
 )
-from server.continuous_batching.engine_config import ModelLoadingConfig
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.engine.conftest import NUM_NEW, assert_no_leak, tokens_of
 
 

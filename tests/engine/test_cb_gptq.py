@@ -25,6 +25,7 @@ from server.continuous_batching.model import (
     build_attention_metadata,
     kv_cache_shape,
 )
+from server.continuous_batching.model.weights import load_model
 from server.continuous_batching.quantization import (
     ConcatLinear,
     GPTQConfig,
@@ -32,7 +33,6 @@ from server.continuous_batching.quantization import (
     fuse,
     quant_linear,
 )
-from server.continuous_batching.weights import load_model
 from tests.engine.gptq_writer import pack_layer, rtn_quantize, write_checkpoint
 
 CPU = torch.device("cpu")

@@ -14,24 +14,24 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from server.continuous_batching import model_runner as model_runner_module
-from server.continuous_batching.block_manager import BlockOps
 from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine_config import CacheConfig, EngineConfig
-from server.continuous_batching.kv_cache import (
+from server.continuous_batching.model import ModelArchConfig, kv_bytes_per_block
+from server.continuous_batching.runner import model_runner as model_runner_module
+from server.continuous_batching.runner.kv_cache import (
     KVCache,
     block_runs,
     last_swap_out_to_wait,
     needs_swap_out_wait,
 )
-from server.continuous_batching.kv_memory import (
+from server.continuous_batching.runner.kv_memory import (
     MemoryFigures,
     num_blocks_from_memory,
     warmup_query_lens,
     warmup_steps,
 )
-from server.continuous_batching.model import ModelArchConfig, kv_bytes_per_block
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
+from server.continuous_batching.scheduling.block_manager import BlockOps
 from utils.config import ConfigError
 
 TINY_LLAMA = {

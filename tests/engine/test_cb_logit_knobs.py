@@ -16,7 +16,9 @@ from transformers.generation.logits_process import (
 )
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.sampler import RowParams, make_generator, process_logits, sample
+from server.continuous_batching.decoding.row_params import RowParams
+from server.continuous_batching.sampling.draws import make_generator, sample
+from server.continuous_batching.sampling.processors import process_logits
 from tests.support.logit_knobs_reference import ref_additive_penalties, ref_logit_bias, ref_min_p
 
 V = 1000

@@ -27,7 +27,7 @@ from server.continuous_batching.model import (
 )
 from server.continuous_batching.model.decoder_ops import TorchDecoderOps, decoder_ops_for
 from server.continuous_batching.model.paged_attention import BLOCK_DIAGONAL_MAX_KV_HEADS
-from server.continuous_batching.weights import WeightLoadError, load_model
+from server.continuous_batching.model.weights import WeightLoadError, load_model
 
 BLOCK_SIZE = 16
 PROMPTS = [

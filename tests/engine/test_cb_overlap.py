@@ -12,7 +12,7 @@ import pytest
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.engine.conftest import assert_no_leak, tokens_of
 from tests.support.default_model import engine_config
 

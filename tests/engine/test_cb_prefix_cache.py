@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching import block_manager
-from server.continuous_batching.block_manager import ROOT_KEY, BlockManager, content_key
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
+from server.continuous_batching.scheduling import block_manager
+from server.continuous_batching.scheduling.block_manager import ROOT_KEY, BlockManager, content_key
 from server.continuous_batching.sequence import Sequence
 from tests.support.default_model import engine_config
 

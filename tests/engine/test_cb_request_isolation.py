@@ -9,11 +9,12 @@ import pytest
 
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest
-from server.continuous_batching import decoding, sampler
-from server.continuous_batching.decoding import RequestOutput
+from server.continuous_batching.decoding import decoder
+from server.continuous_batching.decoding.decoder import RequestOutput
+from server.continuous_batching.decoding.row_params import RowParams
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.sampler import RowParams
+from server.continuous_batching.runner.model_runner import ModelRunner
+from server.continuous_batching.sampling import sampler
 from tests.support.default_model import engine_config
 
 #: The poison request is told apart by this (otherwise harmless) temperature.
@@ -71,14 +72,14 @@ def test_a_failing_request_fails_alone(
     if where == "sampling":
         _poisoned_sample(monkeypatch)
     else:
-        real_row = decoding.row_params_for
+        real_row = decoder.row_params_for
 
         def row(group, seq):  # type: ignore[no-untyped-def]
             if group.config.temperature == POISON_TEMPERATURE:
                 raise ValueError("bad row parameters (injected)")
             return real_row(group, seq)
 
-        monkeypatch.setattr(decoding, "row_params_for", row)
+        monkeypatch.setattr(decoder, "row_params_for", row)
     poison = GenerationConfig(
         max_new_tokens=8, do_sample=True, temperature=POISON_TEMPERATURE, num_return_sequences=2
     )

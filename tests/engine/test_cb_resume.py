@@ -10,7 +10,7 @@ import pytest
 
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest, TextDelta
-from server.continuous_batching.draw_keys import draw_key
+from server.continuous_batching.decoding.draw_keys import draw_key
 from server.continuous_batching.engine import LLMEngine
 from tests.engine.conftest import assert_no_leak, tokens_of
 

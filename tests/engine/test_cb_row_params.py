@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from protocol.generation import GenerationConfig
+from server.continuous_batching.decoding.row_params import RowParams
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.sampler import RowParams
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import DEMO_QUESTION, engine_config
 
 EOS = 2

@@ -16,14 +16,12 @@ from transformers.generation.logits_process import (
     TypicalLogitsWarper,
 )
 
-from server.continuous_batching import sampler
-from server.continuous_batching.sampler import (
-    RowParams,
-    beam_log_probs,
-    make_generator,
-    process_logits,
-    sample,
-)
+from server.continuous_batching.decoding.row_params import RowParams
+from server.continuous_batching.sampling.beam_candidates import beam_log_probs
+from server.continuous_batching.sampling.draws import choose, choose_all, make_generator, sample
+from server.continuous_batching.sampling.logprobs import token_logprobs
+from server.continuous_batching.sampling.processors import process_logits
+from server.continuous_batching.sampling.sampler import LogitsSampler
 
 V = 1000
 PENALTY_IDS = [5, 17, 17, 250, 999, 0, 42, 5]  # duplicates on purpose: penalised once
@@ -156,12 +154,12 @@ def test_greedy_fast_path_equals_the_full_path() -> None:
     """A mixed batch: the plain greedy rows take their argmax alone and only the others are
     processed (``_choose``); tokens and, when asked, scores equal processing every row."""
     logits = random_logits(8, seed=5)
-    fast_tokens, no_scores = sampler._choose(logits, _mixed_rows(3))
-    full_tokens, full_scores = sampler._choose_all(logits, _mixed_rows(3))
+    fast_tokens, no_scores = choose(logits, _mixed_rows(3))
+    full_tokens, full_scores = choose_all(logits, _mixed_rows(3))
     assert no_scores is None
     assert torch.equal(fast_tokens, full_tokens)
     assert torch.equal(fast_tokens[[0, 2, 6]], logits[[0, 2, 6]].argmax(dim=-1))
-    tokens, scores = sampler._choose(logits, _mixed_rows(3), need_scores=True)
+    tokens, scores = choose(logits, _mixed_rows(3), need_scores=True)
     assert torch.equal(tokens, full_tokens) and torch.equal(scores, full_scores)
 
 
@@ -169,7 +167,7 @@ def test_logits_sampler_greedy_rows_pick_ids_not_rows() -> None:
     """``LogitsSampler.sample`` of plain greedy rows, in any row order and subset, equals the
     argmax of the gathered rows; mixed rows and processed logprobs equal the full path."""
     logits = random_logits(6, seed=6)
-    picker = sampler.LogitsSampler()
+    picker = LogitsSampler()
     for row_index in ([0, 1, 2, 3, 4, 5], [5, 0, 3, 1], [4]):
         got = picker.sample(logits, row_index, [RowParams()] * len(row_index))
         assert torch.equal(got, logits[row_index].argmax(dim=-1))
@@ -177,9 +175,9 @@ def test_logits_sampler_greedy_rows_pick_ids_not_rows() -> None:
     for row in rows:
         row.logprobs, row.logprobs_mode = 2, "processed"
     queued = picker.sample(logits, list(range(6)), rows)
-    tokens, scores = sampler._choose_all(logits, _mixed_rows(4)[:6])
+    tokens, scores = choose_all(logits, _mixed_rows(4)[:6])
     assert torch.equal(queued.tokens, tokens)
-    want = sampler.token_logprobs(logits, scores, tokens, rows)[2]
+    want = token_logprobs(logits, scores, tokens, rows)[2]
     assert torch.equal(queued.table, want)
 
 

@@ -5,8 +5,13 @@ from __future__ import annotations
 import random
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.block_manager import ROOT_KEY, BlockContent, BlockManager, BlockPool
-from server.continuous_batching.scheduler import Scheduler, SchedulerOutput
+from server.continuous_batching.scheduling.block_manager import (
+    ROOT_KEY,
+    BlockContent,
+    BlockManager,
+    BlockPool,
+)
+from server.continuous_batching.scheduling.scheduler import Scheduler, SchedulerOutput
 from server.continuous_batching.sequence import GroupStatus, Sequence, SequenceGroup
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from server.continuous_batching.step_upload import (
     StaticDecodeBuffers,
     StepUploader,

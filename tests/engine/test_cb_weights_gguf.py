@@ -21,9 +21,9 @@ from server.continuous_batching.model import (
     build_attention_metadata,
     kv_cache_shape,
 )
-from server.continuous_batching.model_runner import ModelRunner
-from server.continuous_batching.weights import load_model, read_arch_config
-from server.continuous_batching.weights_gguf import hf_name, unpermute_rope_rows
+from server.continuous_batching.model.weights import load_model, read_arch_config
+from server.continuous_batching.model.weights_gguf import hf_name, unpermute_rope_rows
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import engine_config
 from tools.prepare_model import find_gguf
 

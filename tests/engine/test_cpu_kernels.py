@@ -238,7 +238,7 @@ def test_rope_write_kv(kernels, dtype) -> None:
     for name, ops in (("torch", TorchDecoderOps()), ("fused", FusedCpuDecoderOps(kernels))):
         k_cache = torch.full((64, kv_heads, dim), 7.0, dtype=dtype)
         v_cache = torch.full((64, kv_heads, dim), 7.0, dtype=dtype)
-        q = ops.rope_write_kv(qkv, cos, sin_signed, (k_cache, v_cache), attention)
+        q = ops.rope_write_kv(qkv, (cos, sin_signed), (k_cache, v_cache), attention)
         caches[name] = (q, k_cache, v_cache)
     (q_ref, k_ref, v_ref), (q, k, v) = caches["torch"], caches["fused"]
     atol = TOLERANCE[dtype]

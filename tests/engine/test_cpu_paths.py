@@ -19,7 +19,7 @@ from protocol.generation import GenerationConfig
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.engine_config import EngineConfig
 from server.continuous_batching.model import cpu_isa
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.engine.conftest import NUM_NEW, assert_no_leak, hf_generate, tokens_of
 from tests.support.cpu_paths import runnable_levels
 from tests.support.default_model import engine_config

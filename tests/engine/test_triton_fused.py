@@ -17,7 +17,7 @@ import torch
 
 from protocol.generation import GenerationConfig
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import engine_config
 
 if not torch.cuda.is_available():
@@ -107,8 +107,8 @@ def test_rope_write_kv(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: 
     caches = [_randn(num_slots, kv_heads, head_dim, dtype=dtype, seed=s) for s in (9, 10)]
     fused_cache = tuple(c.clone() for c in caches)
     torch_cache = tuple(c.clone() for c in caches)
-    got = FUSED.rope_write_kv(qkv, cos, sin, fused_cache, attention)
-    want = TORCH.rope_write_kv(qkv, cos, sin, torch_cache, attention)
+    got = FUSED.rope_write_kv(qkv, (cos, sin), fused_cache, attention)
+    want = TORCH.rope_write_kv(qkv, (cos, sin), torch_cache, attention)
     assert got.shape == (tokens, heads, head_dim) and got.dtype == dtype
     torch.testing.assert_close(got, want, **TOLERANCE[dtype])
     torch.testing.assert_close(fused_cache[0], torch_cache[0], **TOLERANCE[dtype])

@@ -18,7 +18,7 @@ import torch
 
 from protocol.generation import GenerationConfig
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.model_runner import ModelRunner
+from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import engine_config
 
 if not torch.cuda.is_available():

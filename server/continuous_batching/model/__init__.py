@@ -1,4 +1,4 @@
-"""Llama-family model code of the continuous-batching engine (torch, paged KV cache)."""
+"""Llama-family model code of the engine (torch, paged KV cache) and its weights loaders."""
 
 from .architecture import ModelArchConfig, UnsupportedModelError
 from .attention import AttentionGroup, AttentionMetadata, build_attention_metadata

@@ -188,12 +188,7 @@ def plan_attention(
         raise ValueError("query_lens, context_lens and block_tables must be non-empty, same length")
     q = np.asarray(query_lens, dtype=np.int64)
     ctx = np.asarray(context_lens, dtype=np.int64)
-    n_blocks = np.fromiter((len(b) for b in block_tables), dtype=np.int64, count=n)
-    if (q < 1).any() or (ctx < q).any() or (ctx > n_blocks * block_size).any():
-        raise ValueError("need 1 <= query_len <= context_len <= len(block_table) * block_size")
-    table = np.zeros((n, int(n_blocks.max())), dtype=np.int64)
-    for i, blocks in enumerate(block_tables):
-        table[i, : len(blocks)] = blocks
+    table = _block_table_array(block_tables, q, ctx, block_size)
 
     num_tokens = int(q.sum())
     starts = np.cumsum(q) - q
@@ -226,40 +221,63 @@ def plan_attention(
     output_index = np.empty(num_tokens, dtype=np.int64)
     base = 0
     for s in group_ids:
-        gq, gctx, gstart = q[s][:, None], ctx[s][:, None], starts[s][:, None]
-        big_q = int(gq.max())
-        # Keys are padded to whole blocks so the forward may gather whole blocks at once.
-        num_key_blocks = -(-int(gctx.max()) // block_size)
-        big_k = num_key_blocks * block_size
-        col = np.arange(big_q)[None, :]
-        valid = col < gq
-        last = np.minimum(col, gq - 1)  # padded query rows repeat the last real one
-        token_index = gstart + last
-        query_pos = gctx - gq + last
-        key_pos = np.arange(big_k)
-        kv_slots = table[s][:, key_pos // block_size] * block_size + key_pos % block_size
-        kv_slots = np.where(key_pos[None, :] < gctx, kv_slots, 0)
-        mask = key_pos[None, None, :] <= query_pos[:, :, None]
-        flat = token_index.ravel()
-        output_index[token_index[valid]] = base + np.flatnonzero(valid.ravel())
-        token_range = None
-        if valid.all() and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)):
-            token_range = (int(flat[0]), int(flat[0]) + int(flat.size))
-        base += flat.size
-        groups.append(
-            _HostGroup(
-                token_index=token_index,
-                query_valid=valid,
-                kv_slots=kv_slots,
-                mask=mask[:, None],
-                block_table=np.ascontiguousarray(table[s][:, :num_key_blocks]),
-                token_range=token_range,
-            )
+        group = _plan_group(
+            q[s][:, None], ctx[s][:, None], starts[s][:, None], table[s], block_size
         )
+        valid = group.query_valid
+        output_index[group.token_index[valid]] = base + np.flatnonzero(valid.ravel())
+        base += group.token_index.size
+        groups.append(group)
     identity = base == num_tokens and np.array_equal(output_index, np.arange(num_tokens))
     return AttentionPlan(
         num_tokens=num_tokens,
         slot_mapping=slot_mapping,
         groups=groups,
         output_index=None if identity else output_index,
+    )
+
+
+def _block_table_array(
+    block_tables: list[list[int]], q: np.ndarray, ctx: np.ndarray, block_size: int
+) -> np.ndarray:
+    """``[n, max blocks]`` int64 of the block tables, zero-padded, after checking that every
+    sequence's query fits its context and its context its blocks."""
+    n_blocks = np.fromiter((len(b) for b in block_tables), dtype=np.int64, count=len(q))
+    if (q < 1).any() or (ctx < q).any() or (ctx > n_blocks * block_size).any():
+        raise ValueError("need 1 <= query_len <= context_len <= len(block_table) * block_size")
+    table = np.zeros((len(q), int(n_blocks.max())), dtype=np.int64)
+    for i, blocks in enumerate(block_tables):
+        table[i, : len(blocks)] = blocks
+    return table
+
+
+def _plan_group(
+    gq: np.ndarray, gctx: np.ndarray, gstart: np.ndarray, table: np.ndarray, block_size: int
+) -> _HostGroup:
+    """One group's padded gathers and causal mask, from its sequences' ``[g, 1]`` query
+    lengths, context lengths and first flat rows, and their block tables."""
+    big_q = int(gq.max())
+    # Keys are padded to whole blocks so the forward may gather whole blocks at once.
+    num_key_blocks = -(-int(gctx.max()) // block_size)
+    big_k = num_key_blocks * block_size
+    col = np.arange(big_q)[None, :]
+    valid = col < gq
+    last = np.minimum(col, gq - 1)  # padded query rows repeat the last real one
+    token_index = gstart + last
+    query_pos = gctx - gq + last
+    key_pos = np.arange(big_k)
+    kv_slots = table[:, key_pos // block_size] * block_size + key_pos % block_size
+    kv_slots = np.where(key_pos[None, :] < gctx, kv_slots, 0)
+    mask = key_pos[None, None, :] <= query_pos[:, :, None]
+    flat = token_index.ravel()
+    token_range = None
+    if valid.all() and np.array_equal(flat, np.arange(flat[0], flat[0] + flat.size)):
+        token_range = (int(flat[0]), int(flat[0]) + int(flat.size))
+    return _HostGroup(
+        token_index=token_index,
+        query_valid=valid,
+        kv_slots=kv_slots,
+        mask=mask[:, None],
+        block_table=np.ascontiguousarray(table[:, :num_key_blocks]),
+        token_range=token_range,
     )

@@ -17,8 +17,8 @@ import torch.nn.functional as F
 
 from . import cpu_isa, cpu_kernels
 from .cpu_isa import CpuPath
-from .paged_attention import AttentionBackend, PagedAttention
-from .rotary import apply_rope
+from .paged_attention import AttentionBackend, LayerCache, PagedAttention
+from .rotary import RopeRows, apply_rope
 
 
 class TorchDecoderOps:
@@ -62,15 +62,11 @@ class TorchDecoderOps:
         return out.scatter_(1, top, exact)
 
     def rope_write_kv(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin_signed: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        attention: PagedAttention,
+        self, qkv: torch.Tensor, rope: RopeRows, kv_cache: LayerCache, attention: PagedAttention
     ) -> torch.Tensor:
-        """Rotate q and k of the fused qkv [T, (H + 2 KVH) * D] (cos/sin [T, D]), store the
-        rotated k and v at the step's cache slots and return q [T, H, D] rotated."""
+        """Rotate q and k of the fused qkv [T, (H + 2 KVH) * D] by the step's ``rope`` rows,
+        store the rotated k and v at the step's cache slots and return q [T, H, D] rotated."""
+        cos, sin_signed = rope
         k_cache, v_cache = kv_cache
         t = qkv.shape[0]
         num_heads, kv_heads, head_dim = (
@@ -120,19 +116,11 @@ class FusedCpuDecoderOps(TorchDecoderOps):
         return self.module.refine_logits(logits, hidden.float(), weight, k)
 
     def rope_write_kv(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin_signed: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        attention: PagedAttention,
+        self, qkv: torch.Tensor, rope: RopeRows, kv_cache: LayerCache, attention: PagedAttention
     ) -> torch.Tensor:
         """See ``TorchDecoderOps.rope_write_kv``."""
-        k_cache, v_cache = kv_cache
         slots = attention.meta.slot_mapping
-        return self.module.rope_write_kv(
-            qkv, cos, sin_signed, k_cache, v_cache, slots, attention.num_heads
-        )
+        return self.module.rope_write_kv(qkv, *rope, *kv_cache, slots, attention.num_heads)
 
 
 def decoder_ops_for(

@@ -27,8 +27,8 @@ from .attention import AttentionMetadata
 from .cpu_isa import CpuPath
 from .decoder_ops import TorchDecoderOps, decoder_ops_for
 from .linear import Linear, LinearLike, Packing, choose_packing
-from .paged_attention import AttentionBackend, PagedAttention
-from .rotary import RotaryTables
+from .paged_attention import AttentionBackend, LayerCache, PagedAttention
+from .rotary import RopeRows, RotaryTables
 
 logger = logging.getLogger(__name__)
 
@@ -152,9 +152,8 @@ class LlamaDecoderLayer(nn.Module):
         self,
         x: torch.Tensor,
         delta: torch.Tensor | None,
-        cos: torch.Tensor,
-        sin: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        rope: RopeRows,
+        kv_cache: LayerCache,
         attention: PagedAttention,
         ops: TorchDecoderOps,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -163,7 +162,7 @@ class LlamaDecoderLayer(nn.Module):
         stream takes each output in the next norm's pass (``add_rms_norm``)."""
         h = self._norm(x, delta, self.input_layernorm, ops)
         # RoPE on q and k, and this step's K/V stored in the cache.
-        q = ops.rope_write_kv(self.qkv(h), cos, sin, kv_cache, attention)
+        q = ops.rope_write_kv(self.qkv(h), rope, kv_cache, attention)
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
         attn = attention(q, kv_cache[0], kv_cache[1])
@@ -298,7 +297,7 @@ class LlamaForCausalLM(nn.Module):
         self,
         input_ids: torch.Tensor,
         positions: torch.Tensor,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[LayerCache],
         attn: AttentionMetadata,
         block_size: int = 0,
     ) -> torch.Tensor:
@@ -306,7 +305,7 @@ class LlamaForCausalLM(nn.Module):
 
         ``block_size`` (the cache's) is needed only when ``attn`` carries DecodeTables."""
         c = self.config
-        cos, sin = self.rotary.lookup(positions)
+        rope = self.rotary.lookup(positions)
         attention = PagedAttention(
             attn,
             c.num_attention_heads,
@@ -322,7 +321,7 @@ class LlamaForCausalLM(nn.Module):
         x = F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
         delta = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x, delta = layer(x, delta, cos, sin, kv_cache, attention, self.decoder_ops)
+            x, delta = layer(x, delta, rope, kv_cache, attention, self.decoder_ops)
         if delta is not None:
             x = x.add_(delta)
         if x.dtype == self.norm.dtype:

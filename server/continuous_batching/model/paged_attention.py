@@ -49,6 +49,8 @@ from .attention import AttentionGroup, AttentionMetadata
 BLOCK_DIAGONAL_MAX_KV_HEADS = 4
 
 AttentionBackend = Literal["torch", "triton", "cpu"]
+#: One layer's (K, V) cache tensors, ``[num_slots, kv_heads, head_dim]`` each.
+LayerCache = tuple[torch.Tensor, torch.Tensor]
 
 
 @lru_cache(maxsize=8)

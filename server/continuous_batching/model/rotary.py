@@ -15,6 +15,10 @@ import torch
 
 from .architecture import ModelArchConfig
 
+#: A step's rows of the rotary tables, ``(cos, sin_signed)`` at its positions, ``[T, D]`` each
+#: (see :meth:`RotaryTables.lookup`).
+RopeRows = tuple[torch.Tensor, torch.Tensor]
+
 
 def rope_inv_freq(config: ModelArchConfig) -> torch.Tensor:
     """Inverse frequencies [head_dim/2] (float32) for the config's rope type."""
@@ -70,7 +74,7 @@ class RotaryTables:
         self.sin_signed = sin.to(device=device, dtype=dtype)
         self.max_positions = config.max_position_embeddings
 
-    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def lookup(self, positions: torch.Tensor) -> RopeRows:
         """cos and signed sin rows [T, head_dim] for ``positions`` [T]. Done once per forward
         and shared by all layers."""
         return self.cos.index_select(0, positions), self.sin_signed.index_select(0, positions)

@@ -24,7 +24,8 @@ from types import ModuleType
 import torch
 
 from .decoder_ops import TorchDecoderOps
-from .paged_attention import AttentionBackend, PagedAttention
+from .paged_attention import AttentionBackend, LayerCache, PagedAttention
+from .rotary import RopeRows
 
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 #: Elements of the intermediate dim per silu_and_mul program.
@@ -118,14 +119,10 @@ class TritonDecoderOps(TorchDecoderOps):
         return out
 
     def rope_write_kv(
-        self,
-        qkv: torch.Tensor,
-        cos: torch.Tensor,
-        sin_signed: torch.Tensor,
-        kv_cache: tuple[torch.Tensor, torch.Tensor],
-        attention: PagedAttention,
+        self, qkv: torch.Tensor, rope: RopeRows, kv_cache: LayerCache, attention: PagedAttention
     ) -> torch.Tensor:
         """See ``TorchDecoderOps.rope_write_kv`` (one kernel: q/k rotated, k/v stored)."""
+        cos, sin_signed = rope
         k_cache, v_cache = kv_cache
         heads, kv_heads, head_dim = attention.num_heads, attention.num_kv_heads, attention.head_dim
         if (
@@ -134,7 +131,7 @@ class TritonDecoderOps(TorchDecoderOps):
             or k_cache.stride(2) != 1
             or k_cache.stride() != v_cache.stride()
         ):
-            return super().rope_write_kv(qkv, cos, sin_signed, kv_cache, attention)
+            return super().rope_write_kv(qkv, rope, kv_cache, attention)
         t = qkv.shape[0]
         q = torch.empty((t, heads, head_dim), dtype=qkv.dtype, device=qkv.device)
         if t == 0:

@@ -8,6 +8,8 @@ interpreter on before the first call. This module needs triton; the wrapper modu
 import triton
 import triton.language as tl
 
+from .triton_dot import dot_f32
+
 
 @triton.jit
 def decode_partition_kernel(
@@ -40,9 +42,8 @@ def decode_partition_kernel(
     NATIVE_DOT: tl.constexpr,
 ):
     # NATIVE_DOT: K/V (and q) stay in their 16-bit dtype and both products run on tensor
-    # cores with float32 accumulation; the probabilities are rounded to that dtype for P @ V
-    # (as flash attention does). Else everything is float32 with IEEE dots (exact; float32
-    # caches, and the interpreter, whose 16-bit tl.dot is wrong).
+    # cores; the probabilities are rounded to that dtype for P @ V (as flash attention does).
+    # Else everything is float32 with IEEE dots (see dot_f32).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -59,43 +60,23 @@ def decode_partition_kernel(
             mask=row_ok[:, None] & dim_ok[None, :],
             other=0.0,
         )
-        if NATIVE_DOT:
-            q = q.to(k_cache_ptr.dtype.element_ty)
-        else:
-            q = q.to(tl.float32)
+        q = q.to(k_cache_ptr.dtype.element_ty if NATIVE_DOT else tl.float32)
         m = tl.full([REP_PAD], float("-inf"), dtype=tl.float32)
         lse = tl.zeros([REP_PAD], dtype=tl.float32)
         acc = tl.zeros([REP_PAD, D_PAD], dtype=tl.float32)
         stop = tl.minimum(start + PARTITION, ctx)
+        k_head = k_cache_ptr + kv_head * stride_ch
+        v_head = v_cache_ptr + kv_head * stride_ch
+        block_row = block_tables_ptr + seq * stride_bt
         for tile_start in range(start, stop, TILE):
             pos = tile_start + tl.arange(0, TILE)
             pos_ok = pos < stop
-            block = tl.load(
-                block_tables_ptr + seq * stride_bt + pos // block_size, mask=pos_ok, other=0
+            k, v = _load_kv_tile(
+                k_head, v_head, block_row, pos, pos_ok, dims, dim_ok, stride_cs, block_size
             )
-            slot = block.to(tl.int64) * block_size + pos % block_size
-            kv_off = slot[:, None] * stride_cs + kv_head * stride_ch + dims[None, :]
-            kv_ok = pos_ok[:, None] & dim_ok[None, :]
-            k = tl.load(k_cache_ptr + kv_off, mask=kv_ok, other=0.0)
-            v = tl.load(v_cache_ptr + kv_off, mask=kv_ok, other=0.0)
-            if NATIVE_DOT:
-                scores = tl.dot(q, tl.trans(k), out_dtype=tl.float32) * scale
-            else:
-                k = k.to(tl.float32)
-                v = v.to(tl.float32)
-                scores = tl.dot(q, tl.trans(k), input_precision="ieee") * scale
+            scores = dot_f32(q, tl.trans(k), k, NATIVE_DOT) * scale
             scores = tl.where(pos_ok[None, :], scores, float("-inf"))
-            m_new = tl.maximum(m, tl.max(scores, axis=1))
-            # The first tile always holds a valid key, so m_new is finite from then on.
-            alpha = tl.exp(m - m_new)
-            p = tl.exp(scores - m_new[:, None])
-            lse = lse * alpha + tl.sum(p, axis=1)
-            if NATIVE_DOT:
-                pv = tl.dot(p.to(v.dtype), v, out_dtype=tl.float32)
-            else:
-                pv = tl.dot(p, v, input_precision="ieee")
-            acc = acc * alpha[:, None] + pv
-            m = m_new
+            m, lse, acc = _online_softmax_step(scores, v, m, lse, acc, NATIVE_DOT)
         out_mask = row_ok[:, None] & dim_ok[None, :]
         if IS_SINGLE_PARTITION:
             out = acc / lse[:, None]
@@ -109,6 +90,34 @@ def decode_partition_kernel(
             tl.store(part_max_ptr + row, m, mask=row_ok)
             tl.store(part_sum_ptr + row, lse, mask=row_ok)
             tl.store(part_out_ptr + row[:, None] * head_dim + dims[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def _load_kv_tile(
+    k_head_ptr, v_head_ptr, block_row_ptr, pos, pos_ok, dims, dim_ok, stride_cs, block_size
+):
+    """The K and V rows of one kv head at token positions ``pos`` of one sequence, through its
+    block table row (positions past ``pos_ok`` and padded dims read as zeros)."""
+    block = tl.load(block_row_ptr + pos // block_size, mask=pos_ok, other=0)
+    slot = block.to(tl.int64) * block_size + pos % block_size
+    kv_off = slot[:, None] * stride_cs + dims[None, :]
+    kv_ok = pos_ok[:, None] & dim_ok[None, :]
+    k = tl.load(k_head_ptr + kv_off, mask=kv_ok, other=0.0)
+    v = tl.load(v_head_ptr + kv_off, mask=kv_ok, other=0.0)
+    return k, v
+
+
+@triton.jit
+def _online_softmax_step(scores, v, m, lse, acc, NATIVE_DOT: tl.constexpr):
+    """One tile of the online softmax: the running max ``m``, sum ``lse`` and weighted values
+    ``acc`` updated with the tile's ``scores`` (masked ones at -inf) and values ``v``."""
+    m_new = tl.maximum(m, tl.max(scores, axis=1))
+    # The first tile always holds a valid key, so m_new is finite from then on.
+    alpha = tl.exp(m - m_new)
+    p = tl.exp(scores - m_new[:, None])
+    lse = lse * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + dot_f32(p, v, v, NATIVE_DOT)
+    return m_new, lse, acc
 
 
 @triton.jit

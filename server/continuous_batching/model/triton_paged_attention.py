@@ -168,55 +168,25 @@ def paged_decode_attention(
     """
     kernels = _kernels()
     num_seqs, num_heads, head_dim = q.shape
-    num_kv_heads = k_cache.shape[1]
-    if num_heads % num_kv_heads or q.stride(2) != 1 or k_cache.stride(2) != 1:
+    if num_heads % k_cache.shape[1] or q.stride(2) != 1 or k_cache.stride(2) != 1:
         raise ValueError("need heads divisible by kv_heads and a contiguous head_dim")
     if k_cache.stride() != v_cache.stride():
         raise ValueError("K and V caches must share one layout")
-    rep = num_heads // num_kv_heads
     if out is None:
         out = torch.empty((num_seqs, num_heads, head_dim), dtype=q.dtype, device=q.device)
     if num_seqs == 0:
         return out
-    launch = launch or default_launch(q.device)
-    tile = max(_MIN_DOT, launch.tile)
-    if partition is None and is_interpreting():
-        # The interpreter runs programs one by one: more of them only costs. Splits of
-        # PARTITION_SIZE keep the reduce kernel covered by the long-context tests.
-        partition = min(PARTITION_SIZE, choose_partition(1, 1, max_context_len, tile, 1))
-    elif partition is None:
-        partition = choose_partition(num_seqs, num_kv_heads, max_context_len, tile)
-    if partition % tile:
-        raise ValueError(f"partition {partition} is not a multiple of the tile {tile}")
-    if native_dot is None:
-        native_dot = (
-            k_cache.dtype in (torch.bfloat16, torch.float16)
-            and k_cache.is_cuda
-            and not is_interpreting()
-        )
-    max_parts = -(-max(1, max_context_len) // partition)
-    is_single = max_parts == 1
-    d_pad = max(_MIN_DOT, _next_pow2(head_dim))
-    if is_single:  # the partial buffers are never touched: pass out as a placeholder
-        part_out = part_max = part_sum = out
-    else:
-        part_max = torch.empty(
-            (num_seqs, num_heads, max_parts), dtype=torch.float32, device=q.device
-        )
-        part_sum = torch.empty_like(part_max)
-        part_out = torch.empty(
-            (num_seqs, num_heads, max_parts, head_dim), dtype=torch.float32, device=q.device
-        )
-    kernels.decode_partition_kernel[(num_seqs, num_kv_heads, max_parts)](
+    plan = _plan_decode(q, k_cache, max_context_len, partition, launch, native_dot)
+    # A single partition never touches the partial buffers: out stands in for them.
+    partials = (out,) * 3 if plan.is_single else _partial_buffers(out, plan.max_parts)
+    kernels.decode_partition_kernel[(num_seqs, k_cache.shape[1], plan.max_parts)](
         q,
         k_cache,
         v_cache,
         block_tables,
         context_lens,
         out,
-        part_out,
-        part_max,
-        part_sum,
+        *partials,
         head_dim**-0.5 if scale is None else scale,
         q.stride(0),
         q.stride(1),
@@ -225,36 +195,123 @@ def paged_decode_attention(
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
-        max_parts,
+        plan.max_parts,
         block_size,
         head_dim,
-        rep=rep,
-        REP_PAD=max(_MIN_DOT, _next_pow2(rep)),
-        D_PAD=d_pad,
-        TILE=tile,
-        PARTITION=partition,
-        IS_SINGLE_PARTITION=is_single,
-        NATIVE_DOT=native_dot,
-        num_warps=launch.num_warps,
-        num_stages=launch.num_stages,
+        rep=plan.rep,
+        REP_PAD=max(_MIN_DOT, _next_pow2(plan.rep)),
+        D_PAD=plan.d_pad,
+        TILE=plan.tile,
+        PARTITION=plan.partition,
+        IS_SINGLE_PARTITION=plan.is_single,
+        NATIVE_DOT=plan.native_dot,
+        num_warps=plan.launch.num_warps,
+        num_stages=plan.launch.num_stages,
     )
-    if not is_single:
-        kernels.decode_reduce_kernel[(num_seqs, num_heads)](
-            context_lens,
-            out,
-            part_out,
-            part_max,
-            part_sum,
-            out.stride(0),
-            out.stride(1),
-            num_heads,
-            max_parts,
-            head_dim,
-            PARTS_PAD=_next_pow2(max_parts),
-            D_PAD=d_pad,
-            PARTITION=partition,
-        )
+    if not plan.is_single:
+        _reduce_partitions(kernels, context_lens, out, partials, plan)
     return out
+
+
+def _reduce_partitions(
+    kernels: ModuleType,
+    context_lens: torch.Tensor,
+    out: torch.Tensor,
+    partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    plan: _DecodePlan,
+) -> None:
+    """Merge each (sequence, head)'s partial results into ``out`` (the reduce kernel)."""
+    num_seqs, num_heads, head_dim = out.shape
+    kernels.decode_reduce_kernel[(num_seqs, num_heads)](
+        context_lens,
+        out,
+        *partials,
+        out.stride(0),
+        out.stride(1),
+        num_heads,
+        plan.max_parts,
+        head_dim,
+        PARTS_PAD=_next_pow2(plan.max_parts),
+        D_PAD=plan.d_pad,
+        PARTITION=plan.partition,
+    )
+
+
+@dataclass(frozen=True)
+class _DecodePlan:
+    """The choices of one decode-attention launch (see :func:`_plan_decode`)."""
+
+    rep: int  # query heads per kv head
+    tile: int
+    partition: int
+    max_parts: int
+    d_pad: int
+    native_dot: bool
+    launch: DecodeLaunch
+
+    @property
+    def is_single(self) -> bool:
+        """True when every context fits one partition: no partial results, no reduce."""
+        return self.max_parts == 1
+
+
+def _plan_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    max_context_len: int,
+    partition: int | None,
+    launch: DecodeLaunch | None,
+    native_dot: bool | None,
+) -> _DecodePlan:
+    """The launch's tile, partition and precision: the caller's overrides, else the defaults
+    :func:`paged_decode_attention` describes."""
+    num_seqs, num_heads, head_dim = q.shape
+    num_kv_heads = k_cache.shape[1]
+    launch = launch or default_launch(q.device)
+    tile = max(_MIN_DOT, launch.tile)
+    if partition is None:
+        partition = _default_partition(num_seqs, num_kv_heads, max_context_len, tile)
+    if partition % tile:
+        raise ValueError(f"partition {partition} is not a multiple of the tile {tile}")
+    if native_dot is None:
+        native_dot = (
+            k_cache.dtype in (torch.bfloat16, torch.float16)
+            and k_cache.is_cuda
+            and not is_interpreting()
+        )
+    return _DecodePlan(
+        rep=num_heads // num_kv_heads,
+        tile=tile,
+        partition=partition,
+        max_parts=-(-max(1, max_context_len) // partition),
+        d_pad=max(_MIN_DOT, _next_pow2(head_dim)),
+        native_dot=native_dot,
+        launch=launch,
+    )
+
+
+def _default_partition(num_seqs: int, num_kv_heads: int, max_context_len: int, tile: int) -> int:
+    """Keys per partition when the caller names none: :func:`choose_partition`'s, but in the
+    interpreter at most ``PARTITION_SIZE`` over one program's worth of contexts."""
+    if is_interpreting():
+        # The interpreter runs programs one by one: more of them only costs. Splits of
+        # PARTITION_SIZE keep the reduce kernel covered by the long-context tests.
+        return min(PARTITION_SIZE, choose_partition(1, 1, max_context_len, tile, 1))
+    return choose_partition(num_seqs, num_kv_heads, max_context_len, tile)
+
+
+def _partial_buffers(
+    out: torch.Tensor, max_parts: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Float32 partial results of ``max_parts`` partitions per (sequence, head) of ``out``:
+    the weighted values ``[s, h, parts, d]``, and the running max and sum ``[s, h, parts]``."""
+    num_seqs, num_heads, head_dim = out.shape
+    part_max = torch.empty((num_seqs, num_heads, max_parts), dtype=torch.float32, device=out.device)
+    part_sum = torch.empty_like(part_max)
+    part_out = torch.empty(
+        (num_seqs, num_heads, max_parts, head_dim), dtype=torch.float32, device=out.device
+    )
+    return part_out, part_max, part_sum
 
 
 def write_kv_cache(

@@ -3,6 +3,8 @@
 import triton
 import triton.language as tl
 
+from ..model.triton_dot import dot_f32
+
 
 @triton.jit
 def _dequant(codes, g_idx_ptr, rows, row_ok, zeros_ptr, scales_ptr, cols, col_ok, n):
@@ -33,9 +35,8 @@ def int4_matmul_kernel(
     BLOCK_K: tl.constexpr,
     NATIVE_DOT: tl.constexpr,
 ):
-    # NATIVE_DOT: the dequantised tile is rounded to x's dtype (exactly as the reference
-    # weight is: (q - zero) is exact, the multiply rounds once) and the dot runs on tensor
-    # cores with float32 accumulation; else float32 IEEE dots (float32 models, interpreter).
+    # NATIVE_DOT: the dequantised tile is rounded to x's dtype, exactly as the reference
+    # weight is ((q - zero) is exact, the multiply rounds once); see dot_f32.
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     rows_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -59,12 +60,8 @@ def int4_matmul_kernel(
         x_ok = m_ok[:, None] & k_ok[None, :]
         x_lo = tl.load(x_ptr + x_off, mask=x_ok, other=0.0)
         x_hi = tl.load(x_ptr + x_off + half, mask=x_ok, other=0.0)
-        if NATIVE_DOT:
-            acc += tl.dot(x_lo, w_lo.to(x_lo.dtype), out_dtype=tl.float32)
-            acc += tl.dot(x_hi, w_hi.to(x_hi.dtype), out_dtype=tl.float32)
-        else:
-            acc += tl.dot(x_lo.to(tl.float32), w_lo, input_precision="ieee")
-            acc += tl.dot(x_hi.to(tl.float32), w_hi, input_precision="ieee")
+        acc += dot_f32(x_lo, w_lo, x_lo, NATIVE_DOT)
+        acc += dot_f32(x_hi, w_hi, x_hi, NATIVE_DOT)
     out_off = rows_m[:, None].to(tl.int64) * stride_om + cols[None, :]
     tl.store(
         out_ptr + out_off,

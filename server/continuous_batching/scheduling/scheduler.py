@@ -15,7 +15,7 @@ import bisect
 from collections import deque
 from dataclasses import dataclass, field
 
-from server.continuous_batching.block_manager import BlockManager, BlockOps
+from server.continuous_batching.scheduling.block_manager import BlockManager, BlockOps
 from server.continuous_batching.sequence import GroupStatus, Sequence, SequenceGroup
 
 

@@ -18,9 +18,10 @@ import logging
 
 import torch
 
-from server.continuous_batching.decode_buckets import DecodeInputs, pad_decode_inputs
 from server.continuous_batching.model.attention import AttentionMetadata, DecodeTables
 from server.continuous_batching.model.llama import LlamaForCausalLM
+from server.continuous_batching.model.paged_attention import LayerCache
+from server.continuous_batching.runner.decode_buckets import DecodeInputs, pad_decode_inputs
 from server.continuous_batching.step_upload import StaticDecodeBuffers
 
 logger = logging.getLogger(__name__)
@@ -32,7 +33,7 @@ class DecodeGraphs:
     def __init__(
         self,
         model: LlamaForCausalLM,
-        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        kv_caches: list[LayerCache],
         buckets: list[int],
         block_size: int,
         max_model_len: int,

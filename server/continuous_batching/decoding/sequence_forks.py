@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from protocol.generation import FinishReason
 from server.common.detokenizer import IncrementalDetokenizer
-from server.continuous_batching.block_manager import BlockManager
+from server.continuous_batching.scheduling.block_manager import BlockManager
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 __all__ = ["finish_all", "fork_beams", "fork_samples"]

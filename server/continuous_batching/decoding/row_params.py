@@ -2,19 +2,16 @@
 
 The sampler (torch) reads them to process the row's logits; the decoder (plain Python) builds
 them from the request's config and keeps them on the sequence. Only the seeded generator is a
-torch object, and this module merely holds it: it imports no torch, so the decoding
-bookkeeping that builds rows stays free of it.
+torch object, and this module merely holds it as an opaque value: it imports no torch, not even
+for annotations, so the decoding bookkeeping that builds rows stays free of it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from protocol.generation import GenerationConfig
-
-if TYPE_CHECKING:  # annotations only: this module stays free of torch
-    import torch
 
 __all__ = ["RowLogprobs", "RowParams"]
 
@@ -38,7 +35,7 @@ class RowParams:
     frequency_penalty: float = 0.0
     min_p: float = 0.0  # 0 disables min-p
     logit_bias: dict[int, float] = field(default_factory=dict)
-    generator: torch.Generator | None = None  # None draws from the global RNG
+    generator: Any = None  # a torch.Generator; None draws from the global RNG
     # A seeded row's draw seeds a generator afresh with this key (draw_keys.draw_key of the
     # seed, the choice and the position); set per step by the decoder, it wins over generator.
     draw_key: int | None = None
@@ -61,7 +58,7 @@ class RowParams:
         cls,
         config: GenerationConfig,
         *,
-        generator: torch.Generator | None = None,
+        generator: Any = None,
         banned_token_ids: list[int] | None = None,
         penalty_token_ids: list[int] | None = None,
         num_prompt_tokens: int = 0,

@@ -1,14 +1,14 @@
 """Per-request beam search state reproducing transformers 5's ``GenerationMixin._beam_search``.
 
-The engine owns the model calls and the KV cache; this class owns the beam bookkeeping, in
-plain Python over lists and floats. Each step the sampler hands over the request's top
-candidates, ``(row, token, score)`` triples best first, where ``score`` is the beam's running
-score plus the token's processed log-prob (HF's ``_get_top_k_continuations``, the one step
-that needs the whole ``[num_beams, V]`` log-probs: see
-:func:`server.continuous_batching.sampler.top_beam_candidates`). The state chooses the beams
-that keep running, merges finished hypotheses, applies the length penalty and early stopping,
-and answers which row each new beam continues and with which token, best first, so that the
-engine can fork the block tables (copy-on-write) and append the tokens.
+The engine owns the model calls and the KV cache; this class owns the beam bookkeeping, in plain
+Python over lists and floats. Each step the sampler hands over the request's top candidates,
+``(row, token, score)`` triples best first, where ``score`` is the beam's running score plus the
+token's processed log-prob (HF's ``_get_top_k_continuations``, the one step that needs the whole
+``[num_beams, V]`` log-probs: see
+:func:`server.continuous_batching.sampling.beam_candidates.top_beam_candidates`). The state
+chooses the beams that keep running, merges finished hypotheses, applies the length penalty and
+early stopping, and answers which row each new beam continues and with which token, best first,
+so that the engine can fork the block tables (copy-on-write) and append the tokens.
 
 To reproduce HF bit for bit, every score is the float32 HF computes: each sum and quotient is
 done in float64 and rounded to float32, which gives the correctly rounded float32 result (a
@@ -17,17 +17,18 @@ CPU kernels do; the length penalty's divisor is rounded to float32 first, as tor
 Python scalar operand. The steps are HF's, in HF's order: the ``-1e9`` masking of finished
 candidates, the best ``num_beams`` unfinished ones, the merge of new hypotheses into the
 finished set, the early-stop heuristic and the done test. Where HF takes a ``topk`` of a few
-scores, :func:`~server.continuous_batching.cpu_topk_order.topk_indices` picks the same entries
-in the same order as torch's CPU ``topk``, exact ties included (bfloat16 logits tie often, and
-a tie decides which beam lives). The one large ``topk``, over every beam's vocabulary, runs
-in torch where the logits are. On a GPU, HF's small ``topk`` and its float32 division (a
-multiplication by the reciprocal there) may differ from these in the last place or on ties.
+scores, :func:`~server.continuous_batching.decoding.cpu_topk_order.topk_indices` picks the same
+entries in the same order as torch's CPU ``topk``, exact ties included (bfloat16 logits tie
+often, and a tie decides which beam lives). The one large ``topk``, over every beam's
+vocabulary, runs in torch where the logits are. On a GPU, HF's small ``topk`` and its float32
+division (a multiplication by the reciprocal there) may differ from these in the last place or
+on ties.
 
 Logits processing is the caller's job, done as HF does it (see
-:func:`server.continuous_batching.sampler.beam_log_probs`): ``log_softmax`` of the raw logits,
-then the repetition penalty and, while fewer than ``min_new_tokens`` tokens were generated,
-``-inf`` on the EOS ids (:meth:`BeamSearchState.banned_token_ids` says which), like HF's
-``MinNewTokensLengthLogitsProcessor``.
+:func:`server.continuous_batching.sampling.beam_candidates.beam_log_probs`): ``log_softmax`` of
+the raw logits, then the repetition penalty and, while fewer than ``min_new_tokens`` tokens were
+generated, ``-inf`` on the EOS ids (:meth:`BeamSearchState.banned_token_ids` says which), like
+HF's ``MinNewTokensLengthLogitsProcessor``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ import math
 import struct
 from typing import NamedTuple
 
-from server.continuous_batching.cpu_topk_order import topk_indices
+from server.continuous_batching.decoding.cpu_topk_order import topk_indices
 
 __all__ = ["BeamCandidate", "BeamSearchState", "float32"]
 

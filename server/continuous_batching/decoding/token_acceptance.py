@@ -5,7 +5,7 @@ banned while fewer than ``min_new_tokens`` tokens were generated (HF's
 ``MinNewTokensLengthLogitsProcessor``). After it, :func:`append_token` adds the chosen token
 and ends the sequence on a stop id (``"stop"``), when its output grammar is complete
 (structured output: ``"stop"``) or at ``max_new_tokens`` (``"length"``); stop strings need the
-text and are applied by :mod:`server.continuous_batching.text_deltas`.
+text and are applied by :mod:`server.continuous_batching.decoding.text_deltas`.
 
 Plain Python over sequences and the block manager: no tensors.
 """
@@ -13,8 +13,8 @@ Plain Python over sequences and the block manager: no tensors.
 from __future__ import annotations
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.row_params import RowParams
+from server.continuous_batching.decoding.row_params import RowParams
+from server.continuous_batching.scheduling.block_manager import BlockManager
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 __all__ = ["append_token", "row_params_for", "stop_token_ids_for"]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from server.continuous_batching.row_params import RowLogprobs
+from server.continuous_batching.decoding.row_params import RowLogprobs
 from server.continuous_batching.sequence import SequenceGroup
 
 #: Prompt rows whose logits are materialised at once.

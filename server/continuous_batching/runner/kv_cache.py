@@ -18,12 +18,11 @@ from itertools import chain
 
 import torch
 
-from server.continuous_batching.block_manager import BlockOps
 from server.continuous_batching.model.architecture import ModelArchConfig
 from server.continuous_batching.model.llama import kv_bytes_per_block, kv_cache_shape
+from server.continuous_batching.model.paged_attention import LayerCache
+from server.continuous_batching.scheduling.block_manager import BlockOps
 
-#: One layer's (K, V) cache tensors.
-LayerCache = tuple[torch.Tensor, torch.Tensor]
 #: A coalesced copy: (first source block, first target block, number of blocks).
 BlockRun = tuple[int, int, int]
 

@@ -1,30 +1,29 @@
 """What the decoder's phases hand each other and the engine, and the sampler it drives.
 
-:meth:`~server.continuous_batching.decoding.Decoder.launch` returns a :class:`SampledStep`
-(tokens queued on the device), :meth:`~server.continuous_batching.decoding.Decoder.collect`
+:meth:`~server.continuous_batching.decoding.decoder.Decoder.launch` returns a :class:`SampledStep`
+(tokens queued on the device), :meth:`~server.continuous_batching.decoding.decoder.Decoder.collect`
 a :class:`StepTokens` (tokens appended, text still to make), and every phase gives the engine
 one :class:`RequestOutput` per request. :class:`TokenSampler` is the decoder's one way to the
 logits: row indices and :class:`RowParams` in, plain tokens and beam candidates out
-(:class:`server.continuous_batching.sampler.LogitsSampler` in the engine).
+(:class:`server.continuous_batching.sampling.sampler.LogitsSampler` in the engine).
 
-Plain data: no tensors (the logits and the queued tokens pass through as opaque handles).
+Plain data: no tensors (the logits and the queued tokens pass through as opaque handles), and
+no torch import, not even for annotations.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from server.common.backend import TextDelta
-from server.continuous_batching.beam_search import BeamCandidate
-from server.continuous_batching.row_params import RowLogprobs, RowParams
+from server.continuous_batching.decoding.beam_search import BeamCandidate
+from server.continuous_batching.decoding.row_params import RowLogprobs, RowParams
 from server.continuous_batching.sequence import Sequence, SequenceGroup
-
-if TYPE_CHECKING:  # annotations only: this module stays free of torch
-    import torch
 
 __all__ = [
     "GroupRows",
+    "Logits",
     "GroupTokens",
     "PreparedRows",
     "RequestOutput",
@@ -34,10 +33,15 @@ __all__ = [
 ]
 
 
+#: A step's logits (``[R, V]``, a ``torch.Tensor`` in the engine), opaque here: the decoder only
+#: hands them to its :class:`TokenSampler`, so the room annotates them without importing torch.
+Logits = Any
+
+
 class TokenSampler(Protocol):
     """The token choice on the device, as the decoder sees it: rows in, plain Python out."""
 
-    def sample(self, logits: torch.Tensor, row_index: list[int], params: list[RowParams]) -> Any:
+    def sample(self, logits: Logits, row_index: list[int], params: list[RowParams]) -> Any:
         """Queue the next token of each row ``row_index`` of ``logits``; a handle comes back."""
 
     def read_tokens(self, tokens: Any) -> list[int]:
@@ -49,7 +53,7 @@ class TokenSampler(Protocol):
 
     def beam_candidates(
         self,
-        logits: torch.Tensor,
+        logits: Logits,
         row_index: list[int],
         params: list[RowParams],
         beam_scores: list[float],

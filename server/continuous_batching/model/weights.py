@@ -26,18 +26,18 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from .engine_config import ModelLoadingConfig
-from .model import cpu_isa
-from .model.architecture import ModelArchConfig
-from .model.llama import LlamaForCausalLM
-from .quantization.gptq import (
+from ..engine_config import ModelLoadingConfig
+from ..quantization.gptq import (
     GPTQConfig,
     dequantize_gptq,
     gptq_files,
     read_gptq_config,
     split_gptq_checkpoint,
 )
-from .quantization.quant_linear import QuantLinear, fuse
+from ..quantization.quant_linear import QuantLinear, fuse
+from . import cpu_isa
+from .architecture import ModelArchConfig
+from .llama import LlamaForCausalLM
 from .weights_gguf import iter_gguf, open_gguf, read_gguf_config
 
 logger = logging.getLogger(__name__)

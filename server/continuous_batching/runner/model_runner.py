@@ -11,32 +11,33 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from server.continuous_batching.block_manager import BlockOps
-from server.continuous_batching.cuda_graphs import DecodeGraphs
-from server.continuous_batching.decode_buckets import (
+from server.continuous_batching.engine_config import BatcherConfig, CacheConfig, EngineConfig
+from server.continuous_batching.model.attention import plan_attention
+from server.continuous_batching.model.llama import kv_bytes_per_block
+from server.continuous_batching.model.paged_attention import LayerCache
+from server.continuous_batching.model.weights import load_model
+from server.continuous_batching.runner.cuda_graphs import DecodeGraphs
+from server.continuous_batching.runner.decode_buckets import (
     DecodeInputs,
     bucket_for,
     decode_buckets,
     pad_decode_inputs,
 )
-from server.continuous_batching.engine_config import BatcherConfig, CacheConfig, EngineConfig
-from server.continuous_batching.kv_cache import KVCache, LayerCache
-from server.continuous_batching.kv_memory import (
+from server.continuous_batching.runner.kv_cache import KVCache
+from server.continuous_batching.runner.kv_memory import (
     measure_cuda_memory,
     num_blocks_from_memory,
     warmup_steps,
 )
-from server.continuous_batching.model.attention import plan_attention
-from server.continuous_batching.model.llama import kv_bytes_per_block
-from server.continuous_batching.prompt_scoring import (
+from server.continuous_batching.sampling.prompt_scoring import (
     PromptRows,
     PromptScores,
     prompt_rows_of,
     score_prompt_rows,
 )
-from server.continuous_batching.scheduler import SchedulerOutput
+from server.continuous_batching.scheduling.block_manager import BlockOps
+from server.continuous_batching.scheduling.scheduler import SchedulerOutput
 from server.continuous_batching.step_upload import StepUploader
-from server.continuous_batching.weights import load_model
 
 logger = logging.getLogger(__name__)
 

@@ -2,17 +2,17 @@
 
 Beam search picks its running beams and its finished hypotheses with ``torch.topk`` over a few
 dozen scores; the beam bookkeeping does it in plain Python (see
-:mod:`server.continuous_batching.beam_search`). Which of two exactly equal scores wins is not a
-detail there: with bfloat16 logits, two tokens often get the very same log-prob, and the winner
-becomes a different beam, so a different answer. To keep the beams transformers chooses on a
-CPU, this module reproduces what torch's CPU kernel does (``topk_impl_loop`` in
+:mod:`server.continuous_batching.decoding.beam_search`). Which of two exactly equal scores wins
+is not a detail there: with bfloat16 logits, two tokens often get the very same log-prob, and
+the winner becomes a different beam, so a different answer. To keep the beams transformers
+chooses on a CPU, this module reproduces what torch's CPU kernel does (``topk_impl_loop`` in
 ``aten/src/ATen/native/TopKImpl.h``): it puts the ``(value, index)`` pairs through libstdc++'s
 ``std::nth_element`` and then ``std::sort`` of the first ``k - 1`` (or ``std::partial_sort``
-when ``64 * k <= n``), largest first, NaN above everything. Those algorithms are not stable,
-and their tie order is what they leave, which the functions below follow step by step
-(introselect and introsort with median-of-three pivots, insertion sort below 16 elements, heap
-select and heap sort past the depth limit), as libstdc++'s ``bits/stl_algo.h`` and
-``bits/stl_heap.h`` write them. Torch's CUDA kernel breaks ties its own way.
+when ``64 * k <= n``), largest first, NaN above everything. Those algorithms are not stable, and
+their tie order is what they leave, which the functions below follow step by step (introselect
+and introsort with median-of-three pivots, insertion sort below 16 elements, heap select and
+heap sort past the depth limit), as libstdc++'s ``bits/stl_algo.h`` and ``bits/stl_heap.h``
+write them. Torch's CUDA kernel breaks ties its own way.
 """
 
 from __future__ import annotations
@@ -104,19 +104,15 @@ def _unguarded_partition_pivot(q: list[_Pair], first: int, last: int) -> int:
 
 
 def _move_median_to_first(q: list[_Pair], result: int, a: int, b: int, c: int) -> None:
-    if _before(q[a], q[b]):
-        if _before(q[b], q[c]):
-            chosen = b
-        elif _before(q[a], q[c]):
-            chosen = c
-        else:
-            chosen = a
-    elif _before(q[a], q[c]):
-        chosen = a
-    elif _before(q[b], q[c]):
+    # libstdc++'s two branches (a before b, or not) are one with a and b swapped: the same
+    # comparisons in the same order, so the same median, ties included.
+    low, high = (a, b) if _before(q[a], q[b]) else (b, a)
+    if _before(q[high], q[c]):
+        chosen = high
+    elif _before(q[low], q[c]):
         chosen = c
     else:
-        chosen = b
+        chosen = low
     q[result], q[chosen] = q[chosen], q[result]
 
 

@@ -25,7 +25,7 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
-from .model.architecture import ModelArchConfig, UnsupportedModelError
+from .architecture import ModelArchConfig, UnsupportedModelError
 
 #: GGUF architectures whose tensors map onto our llama module (mistral GGUFs say "llama").
 GGUF_ARCHITECTURES: tuple[str, ...] = ("llama",)

@@ -11,42 +11,43 @@ computes; a sequence that a stop string ends then has run in step N+1 for nothin
 
 The decoder is the bookkeeping, in plain Python: it never touches a tensor (nor imports torch).
 Every tensor op of the token choice runs behind a :class:`TokenSampler`
-(:class:`server.continuous_batching.sampler.LogitsSampler` in the engine), which takes row
+(:class:`server.continuous_batching.sampling.sampler.LogitsSampler` in the engine), which takes row
 indices and row parameters and gives back plain tokens and beam candidates. The rules live by
-concern: :mod:`~server.continuous_batching.token_acceptance` (row parameters, stop ids,
-lengths), :mod:`~server.continuous_batching.sequence_forks` (samples and beams sharing
-blocks), :mod:`~server.continuous_batching.text_deltas` (text and stop strings),
-:mod:`~server.continuous_batching.beam_search` (the beams' scores and choices), and
-:mod:`~server.continuous_batching.decoding_steps` (what the phases hand over).
+concern: :mod:`~server.continuous_batching.decoding.token_acceptance` (row parameters, stop ids,
+lengths), :mod:`~server.continuous_batching.decoding.sequence_forks` (samples and beams sharing
+blocks), :mod:`~server.continuous_batching.decoding.text_deltas` (text and stop strings),
+:mod:`~server.continuous_batching.decoding.beam_search` (the beams' scores and choices), and
+:mod:`~server.continuous_batching.decoding.steps` (what the phases hand over).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from server.common.backend import TextDelta
-from server.continuous_batching.beam_search import BeamSearchState
-from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.decoding_steps import (
+from server.continuous_batching.decoding.beam_search import BeamSearchState
+from server.continuous_batching.decoding.draw_keys import draw_key
+from server.continuous_batching.decoding.sequence_forks import finish_all, fork_beams, fork_samples
+from server.continuous_batching.decoding.steps import (
     GroupRows,
     GroupTokens,
+    Logits,
     PreparedRows,
     RequestOutput,
     SampledStep,
     StepTokens,
     TokenSampler,
 )
-from server.continuous_batching.draw_keys import draw_key
-from server.continuous_batching.sequence import Sequence, SequenceGroup
-from server.continuous_batching.sequence_forks import finish_all, fork_beams, fork_samples
-from server.continuous_batching.text_deltas import TextDeltaMaker
-from server.continuous_batching.token_acceptance import (
+from server.continuous_batching.decoding.text_deltas import TextDeltaMaker
+from server.continuous_batching.decoding.token_acceptance import (
     append_token,
     row_params_for,
     stop_token_ids_for,
 )
+from server.continuous_batching.scheduling.block_manager import BlockManager
+from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 
 def _draw_key_of(group: SequenceGroup, seq: Sequence) -> int:
@@ -55,9 +56,6 @@ def _draw_key_of(group: SequenceGroup, seq: Sequence) -> int:
     assert group.config.seed is not None
     return draw_key(group.config.seed, group.choice_offset + seq.choice_index, seq.num_generated)
 
-
-if TYPE_CHECKING:  # annotations only: this module stays free of torch
-    import torch
 
 __all__ = ["Decoder", "RequestOutput", "StepTokens", "TokenSampler"]
 
@@ -92,7 +90,7 @@ class Decoder:
         seq.detokenizer.resume(token_ids, num_text_chars)
 
     def launch(
-        self, groups: list[tuple[SequenceGroup, list[Sequence]]], logits: torch.Tensor
+        self, groups: list[tuple[SequenceGroup, list[Sequence]]], logits: Logits
     ) -> SampledStep:
         """Queue the choice of every plain row (one batch) and run the beam-search groups. A
         sequence that a stop string ended after the step was planned (see the module docstring)
@@ -217,7 +215,7 @@ class Decoder:
         return PreparedRows(entry, [row for row, _ in live], params, [seq for _, seq in live])
 
     def _sample_each(
-        self, prepared: list[PreparedRows], logits: torch.Tensor, failed: list[RequestOutput]
+        self, prepared: list[PreparedRows], logits: Logits, failed: list[RequestOutput]
     ) -> list[tuple[list[PreparedRows], Any]]:
         """The tokens of the prepared groups: one batched ``sample`` for all of them; if that
         raises, each group alone, so that only the group at fault fails (into ``failed``)."""
@@ -239,7 +237,7 @@ class Decoder:
             return results
 
     # -- beam search ----------------------------------------------------------------------
-    def _decode_beams(self, entry: GroupRows, logits: torch.Tensor) -> RequestOutput:
+    def _decode_beams(self, entry: GroupRows, logits: Logits) -> RequestOutput:
         """One beam-search step of ``entry``'s request: the candidates from the sampler, the
         new beams from its state, forked from their parents; the results once it is done."""
         group = entry.group

@@ -2,10 +2,10 @@
 
 Every sampled sequence has its own incremental detokenizer (it holds back half characters and
 what may begin a stop string). A stop string ends the sequence here, after its token was
-appended by :func:`server.continuous_batching.token_acceptance.append_token`: on a GPU the
-engine makes step N's text while step N+1 computes, so such a sequence may have run one step
-for nothing (see :mod:`server.continuous_batching.decoding`). Beam search makes its text once,
-from the finished hypotheses.
+appended by :func:`server.continuous_batching.decoding.token_acceptance.append_token`: on a
+GPU the engine makes step N's text while step N+1 computes, so such a sequence may have run
+one step for nothing (see :mod:`server.continuous_batching.decoding.decoder`). Beam search
+makes its text once, from the finished hypotheses.
 
 Plain Python over sequences, the tokenizer and the block manager: no tensors.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from protocol.generation import MIN_LOGPROB, TokenLogprob, TopLogprob
 from server.common.backend import TextDelta
 from server.common.detokenizer import IncrementalDetokenizer
-from server.continuous_batching.block_manager import BlockManager
-from server.continuous_batching.row_params import RowLogprobs
+from server.continuous_batching.decoding.row_params import RowLogprobs
+from server.continuous_batching.scheduling.block_manager import BlockManager
 from server.continuous_batching.sequence import Sequence, SequenceGroup
 
 __all__ = ["TextDeltaMaker"]

@@ -1,0 +1,1 @@
+"""After the forward, in plain Python (no torch): stop rules, forks, beams, text deltas."""

@@ -1,0 +1,1 @@
+"""The forward on the device: the model runner, the KV cache and its memory, CUDA graphs."""

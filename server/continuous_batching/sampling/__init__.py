@@ -1,0 +1,1 @@
+"""The token choice on the device: logits processing, draws, logprobs and beam candidates."""

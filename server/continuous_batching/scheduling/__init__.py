@@ -1,0 +1,1 @@
+"""What runs each step and where its KV lives: the scheduler and the block manager (no torch)."""
