@@ -6,6 +6,7 @@ records the load it ran under and how many cores its timed sections really got.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -14,6 +15,11 @@ from collections.abc import Callable
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypeVar
+
+# Before any benchmark imports transformers (``python -m benchmarks.X`` runs this first): the
+# model is on disk, and the tokenizers' thread pool would fight the engine's for the cores.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 T = TypeVar("T")
 
@@ -59,6 +65,15 @@ def write_json(result: dict[str, Any], path: Path) -> None:
     """Write ``result`` as indented JSON, creating the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def print_report(report: Any, path: Path | None) -> None:
+    """Print a report dataclass as indented JSON, and write it to ``path`` when given."""
+    text = json.dumps(dataclasses.asdict(report), indent=2)
+    print(text)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
 
 
 def save_figure(fig: Any, path: Path) -> None:

@@ -10,7 +10,7 @@ server 1 some seconds later. The gateway resumes every broken stream on a surviv
 is identical to the undisturbed answer, different, ended with an error event, or hung; and
 from the gateway's metrics: streams resumed by cause.
 
-Run: ``python benchmarks/resume_under_fire.py [--num-streams 200] [--json FILE]``
+Run: ``python -m benchmarks.resume_under_fire [--num-streams 200] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -18,24 +18,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks.failover import (  # noqa: E402
-    Deployment,
-    metric_sum,
-    wait_until,
-)
+from benchmarks import print_report
+from harness.processes import Deployment
+from harness.waiting import metric_sum
 
 PROMPTS = [
     "The capital of France is",
@@ -119,25 +112,11 @@ async def run_resume(
         limits = httpx.Limits(max_connections=num_streams + 8)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             try:
-                await start_deployment(client, deployment)
+                await deployment.start_all(client)
                 await _run(client, deployment, report, max_tokens, is_seeded, first_kill_after)
             finally:
                 deployment.stop()
     return report
-
-
-async def start_deployment(client: httpx.AsyncClient, deployment: Deployment) -> None:
-    """Start every server of ``deployment`` and its gateway; wait until all are healthy."""
-    num_servers = len(deployment.server_ports)
-    for index in range(num_servers):
-        deployment.start_server(index)
-    deployment.start_gateway()
-    await wait_until(
-        client,
-        deployment,
-        lambda rows: len(rows) == num_servers and all(row["is_healthy"] for row in rows),
-        "the servers to be healthy",
-    )
 
 
 async def _run(
@@ -213,10 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.seeded,
         )
     )
-    text = json.dumps(asdict(report), indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    print_report(report, args.json)
     is_whole = report.num_identical == report.num_streams
     return 0 if is_whole else 1
 

@@ -16,6 +16,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from harness.servers import ServerThread, start_gateway  # noqa: E402
 from server.common.app import create_server_app  # noqa: E402
 from server.common.service import ServingSettings  # noqa: E402
 from server.continuous_batching.model_runner import ModelRunner  # noqa: E402
@@ -23,7 +24,6 @@ from server.static_batching.backend import StaticBatchingBackend, load_model  # 
 from server.static_batching.config import SBServerConfig  # noqa: E402
 from server.static_batching.worker import LoadedModel  # noqa: E402
 from tests.support.default_model import engine_config  # noqa: E402
-from tests.support.servers import ServerThread, start_gateway  # noqa: E402
 from tools.prepare_model import ensure_default_model  # noqa: E402
 
 

@@ -10,13 +10,13 @@ from typing import Any
 import openai
 import pytest
 
+from harness.servers import ServerThread, start_gateway
 from server.common.app import create_server_app
 from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
-from tests.support.servers import ServerThread, start_gateway
 
 
 @pytest.fixture(scope="module")

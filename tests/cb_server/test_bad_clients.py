@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.servers import ServerThread
 from server.common.app import create_server_app
 from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
@@ -25,7 +26,6 @@ from tests.support.raw_http import (
     exchange,
     read_until_closed,
 )
-from tests.support.servers import ServerThread
 from utils.connection_limits import ConnectionLimits
 
 LIMITS = ConnectionLimits(

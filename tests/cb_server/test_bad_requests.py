@@ -8,8 +8,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from harness.servers import ServerThread, start_gateway
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread, start_gateway
 
 
 @pytest.fixture(scope="module")

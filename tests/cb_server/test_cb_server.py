@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from harness.servers import ServerThread, start_gateway
+from harness.waiting import wait_until
 from protocol.generation import GenerationConfig
 from protocol.openai_api import ChatCompletionChunk
 from server.common.app import create_server_app
@@ -19,8 +21,6 @@ from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
-from tests.support.servers import ServerThread, start_gateway
-from tests.support.waiting import wait_until
 
 NUM_BLOCKS = 256
 

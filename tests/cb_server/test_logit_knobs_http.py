@@ -12,8 +12,8 @@ import httpx
 import openai
 import pytest
 
+from harness.servers import ServerThread, start_gateway
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
-from tests.support.servers import ServerThread, start_gateway
 
 PARIS = 7042  # " Paris": greedy's answer to the demo question
 

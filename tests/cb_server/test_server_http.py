@@ -9,9 +9,9 @@ import re
 import httpx
 import pytest
 
+from harness.servers import ServerThread
+from harness.waiting import wait_until
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
-from tests.support.waiting import wait_until
 from utils.request_id import REQUEST_ID_HEADER, sane_request_id
 
 LOGGER = "server.common.request_context"

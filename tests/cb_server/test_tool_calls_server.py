@@ -12,8 +12,8 @@ import jsonschema
 import openai
 import pytest
 
+from harness.servers import ServerThread
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
 
 WEATHER_PARAMETERS: dict[str, Any] = {
     "type": "object",

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.servers import ServerThread, start_gateway
 from server.embedding.app import create_embedding_app
 from server.embedding.config import EmbeddingServerConfig, packaged_model_path
 from server.embedding.encoder import Encoder
-from tests.support.servers import ServerThread, start_gateway
 
 #: The default embedding model's id (configs/embedding_server_config.json).
 MODEL = "all-MiniLM-L6-v2"

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
 from tests.support.raw_http import (
     assert_error_shape,
     chunked_post,
@@ -22,7 +23,6 @@ from tests.support.raw_http import (
     exchange,
     read_until_closed,
 )
-from tests.support.servers import ServerThread, start_gateway, stop_all
 
 #: Short limits so that every timeout is seen within a second or two.
 LIMITS = {

@@ -18,11 +18,10 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.gateway.prometheus import metric_value
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, reserve_socket, start_gateway, stop_all
+from harness.waiting import metric_value, wait_until
 from tests.support.paths import REPO_ROOT
-from tests.support.servers import ServerThread, reserve_socket, start_gateway, stop_all
-from tests.support.waiting import wait_until
 
 CHAT_PATH = "/v1/chat/completions"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

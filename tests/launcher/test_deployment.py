@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from harness.servers import reserve_socket
 from tests.launcher.start_app_runner import (
     live_processes_mentioning,
     run_start_app,
@@ -19,7 +20,6 @@ from tests.launcher.start_app_runner import (
 )
 from tests.support.default_model import assert_answers_the_demo_question
 from tests.support.paths import REPO_ROOT
-from tests.support.servers import reserve_socket
 
 
 def _free_port() -> int:

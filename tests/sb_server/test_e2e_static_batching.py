@@ -9,9 +9,9 @@ import httpx
 import openai
 import pytest
 
+from harness.servers import ServerThread
+from harness.waiting import wait_until
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
-from tests.support.waiting import wait_until
 
 QUESTION = "What is the capital of France?"
 

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 
+from harness.waiting import async_wait_until
 from protocol.generation import FinishReason, GenerationConfig
 from server.common.backend import SequenceRequest
 from server.static_batching.backend import StaticBatchingBackend
 from server.static_batching.config import SBServerConfig
 from server.static_batching.worker import LoadedModel
-from tests.support.waiting import async_wait_until
 from utils.errors import APIError
 
 pytestmark = pytest.mark.slow

@@ -26,8 +26,8 @@ from client.triton.protocol import (
     TritonGenerateRequest,
     TritonGenerateResponse,
 )
+from harness.waiting import wait_until
 from protocol.generation import GenerateRequest
-from tests.support.waiting import wait_until
 from tests.triton.stand_in.pytriton_server import WORKER_SCRIPT
 from tests.triton.triton_server import TritonServer
 

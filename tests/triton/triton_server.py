@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.waiting import wait_until
 from tests.support.paths import REPO_ROOT
-from tests.support.waiting import wait_until
 from tests.triton.stand_in.pytriton_server import WORKER_PYTHON_ENV
 from tests.triton.stand_in.setup_venv import TritonVenvError, ensure_venv, find_python312
 

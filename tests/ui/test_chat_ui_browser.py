@@ -32,9 +32,9 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+from harness.servers import ServerThread, reserve_socket  # noqa: E402
+from harness.waiting import wait_until  # noqa: E402
 from tests.support.paths import REPO_ROOT  # noqa: E402
-from tests.support.servers import ServerThread, reserve_socket  # noqa: E402
-from tests.support.waiting import wait_until  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
