@@ -2,7 +2,7 @@
 
 On a GPU (the issue's target: at least 60% of HBM bandwidth at batch 256, contexts 200-2,000):
 
-    python benchmarks/bench_decode_attention.py [--batch 256] [--contexts 200 500 1000 2000]
+    python -m benchmarks.bench_decode_attention [--batch 256] [--contexts 200 500 1000 2000]
         [--heads 32] [--kv-heads 8] [--head-dim 128] [--dtype bfloat16] [--bandwidth-gbs 3350]
         [--sweep] [--out benchmarks/results/decode_attention.json]
 
@@ -24,14 +24,9 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 from typing import Any
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
 
 H100_GBS = 3350.0
 BLOCK_SIZE = 16

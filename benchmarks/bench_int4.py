@@ -2,7 +2,7 @@
 
 Run by hand (not a test), on a quiet machine:
 
-    .venv/bin/python benchmarks/bench_int4.py [--batches 1 32] [--context 128] [--steps 10]
+    .venv/bin/python -m benchmarks.bench_int4 [--batches 1 32] [--context 128] [--steps 10]
 
 No GPTQ checkpoint of the default model exists offline, so the script first writes one into
 ``--gptq-dir`` (round-to-nearest asymmetric 4-bit, group 64, v1 format: the numbers measured
@@ -34,26 +34,22 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks.bench_model_step import BLOCK_SIZE, ours_step, time_interleaved  # noqa: E402
-from server.continuous_batching.engine_config import ModelLoadingConfig  # noqa: E402
-from server.continuous_batching.model import (  # noqa: E402
+from benchmarks.bench_model_step import BLOCK_SIZE, ours_step, time_interleaved
+from server.continuous_batching.engine_config import ModelLoadingConfig
+from server.continuous_batching.model import (
     LlamaForCausalLM,
     build_attention_metadata,
     kv_cache_shape,
 )
-from server.continuous_batching.model.linear import Linear  # noqa: E402
-from server.continuous_batching.quantization import quant_linear  # noqa: E402
-from server.continuous_batching.weights import load_model  # noqa: E402
+from server.continuous_batching.model.linear import Linear
+from server.continuous_batching.quantization import quant_linear
+from server.continuous_batching.weights import load_model
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VARIANTS = ("bf16", "int4", "int4-portable", "int4-dequant")
@@ -182,8 +178,10 @@ def main() -> None:
         write_gptq(args.model, args.gptq_dir, args.group_size)
     rows: dict[str, dict[str, float]] = {}
     for variant in args.variants:
-        child = [sys.executable, __file__, "--variant", variant, *sys.argv[1:]]
-        out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
+        child = [sys.executable, "-m", "benchmarks.bench_int4", "--variant", variant]
+        child += sys.argv[1:]
+        done = subprocess.run(child, cwd=REPO_ROOT, check=True, capture_output=True, text=True)
+        out = done.stdout
         rows[variant] = json.loads(out.strip().splitlines()[-1])
         print(f"{variant}: {rows[variant]}", flush=True)
     speed_cols = [f"tok/s b{b}" for b in args.batches] + [f"prefill {args.prefill}"]

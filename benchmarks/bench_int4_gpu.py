@@ -2,7 +2,7 @@
 
 On a GPU (the issue's target: the 8B int4 decode step at most 0.6x the bf16 one):
 
-    python benchmarks/bench_int4_gpu.py [--shapes 8b] [--rows 1 32 256] [--group-size 128]
+    python -m benchmarks.bench_int4_gpu [--shapes 8b] [--rows 1 32 256] [--group-size 128]
         [--act-order] [--sweep] [--out benchmarks/results/int4_gpu.json]
 
 Per layer shape of the model (q|k|v, o_proj, gate|up, down) and batch rows it times, with CUDA
@@ -20,15 +20,10 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import time
 from functools import partial
 from pathlib import Path
 from typing import Any
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
 
 #: (in, out) of a layer's four matmuls.
 SHAPES: dict[str, dict[str, tuple[int, int]]] = {

@@ -6,7 +6,7 @@ The script times :class:`server.continuous_batching.sampler.LogitsSampler`'s ``s
 ``read_tokens`` (the step's one device-to-host copy, which carries the logprobs too) on random
 logits of the default model's width (49152) at each batch size, and prints the medians as JSON.
 
-Run: ``.venv/bin/python benchmarks/bench_logprobs.py [--batches 1 32] [--steps 40] [--top 5]
+Run: ``.venv/bin/python -m benchmarks.bench_logprobs [--batches 1 32] [--steps 40] [--top 5]
 [--threads 1]``
 """
 
@@ -15,16 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from server.continuous_batching.row_params import RowParams  # noqa: E402
-from server.continuous_batching.sampler import LogitsSampler  # noqa: E402
+from server.continuous_batching.row_params import RowParams
+from server.continuous_batching.sampler import LogitsSampler
 
 VOCAB_SIZE = 49152
 

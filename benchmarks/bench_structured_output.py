@@ -8,7 +8,7 @@ at each batch size, unconstrained and with every row constrained (the matchers a
 a valid JSON answer, so the masks are those of a real generation), and prints the figures and
 their ratio as JSON.
 
-Run: ``.venv/bin/python benchmarks/bench_structured_output.py [--batches 1 32] [--steps 40]``
+Run: ``.venv/bin/python -m benchmarks.bench_structured_output [--batches 1 32] [--steps 40]``
 """
 
 from __future__ import annotations
@@ -16,19 +16,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from transformers import AutoTokenizer
 
-import torch  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-
-from server.common.structured_output import GrammarCompiler, OutputConstraint  # noqa: E402
-from server.continuous_batching.row_params import RowParams  # noqa: E402
-from server.continuous_batching.sampler import sample  # noqa: E402
-from tools.prepare_model import default_model_dir  # noqa: E402
+from server.common.structured_output import GrammarCompiler, OutputConstraint
+from server.continuous_batching.row_params import RowParams
+from server.continuous_batching.sampler import sample
+from tools.prepare_model import default_model_dir
 
 SCHEMA = {
     "type": "object",

@@ -3,14 +3,14 @@
 Run on a GPU machine from a plain checkout (no install needed; the default tokenizer folder
 ``models/SmolLM2-135M-Instruct`` must be there, ``make model`` or the device tool's ``carry``):
 
-    python benchmarks/gpu.py [--shapes 1b 8b] [--batches 1 32 256] [--prompt-len 128]
+    python -m benchmarks.gpu [--shapes 1b 8b] [--batches 1 32 256] [--prompt-len 128]
         [--new-tokens 128] [--decode-steps 50] [--dtype bfloat16]
         [--systems engine hf-compile] [--enforce-eager] [--bandwidth-gbs 3350]
         [--out benchmarks/results/gpu.json]
 
 and on a CPU as a smoke test (what ``tests/benchmarks/test_gpu_benchmark.py`` runs):
 
-    python benchmarks/gpu.py --shape tiny --device cpu --batches 2 --new-tokens 4 ...
+    python -m benchmarks.gpu --shape tiny --device cpu --batches 2 --new-tokens 4 ...
 
 For each shape a random-initialised llama checkpoint is written to a temporary folder (no
 download; the vocabulary is the default tokenizer's), then, one system after the other in this
@@ -45,24 +45,16 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import torch  # noqa: E402
-
 DEFAULT_TOKENIZER = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 VOCAB_SIZE = 49152
 #: Llama shapes by name (the vocabulary is the default tokenizer's).

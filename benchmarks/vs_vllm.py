@@ -12,7 +12,7 @@ through ``benchmarks/throughput.py --skip-transformers`` against vLLM's ``LLM.ge
 same budgets, same dtype, 2 threads each; the sides alternate (ours first in even repeats,
 vLLM first in odd ones). Ratio = ours / vLLM tokens/s (> 1: we are faster)::
 
-    .venv/bin/python benchmarks/vs_vllm.py offline --workload uniform mixed --repeats 2 \\
+    .venv/bin/python -m benchmarks.vs_vllm offline --workload uniform mixed --repeats 2 \\
         --wait-for-load 0.5 --json benchmarks/results/vs_vllm_offline.json
 
 ``serving``: our deployment (gateway + CB server from a one-app deployment file on ports of its
@@ -21,7 +21,7 @@ at a time; against each, ``vllm bench serve`` (vLLM's own client: random dataset
 out, ``ignore_eos``) and/or our ``benchmarks/serving.py`` at every rate. Ratios are ours / vLLM
 (latency: < 1 means we are faster; throughput: > 1 means we are faster)::
 
-    .venv/bin/python benchmarks/vs_vllm.py serving --rates 1 2 4 inf --num-prompts 64 \\
+    .venv/bin/python -m benchmarks.vs_vllm serving --rates 1 2 4 inf --num-prompts 64 \\
         --wait-for-load 0.5 --json benchmarks/results/vs_vllm_serving.json
 """
 
@@ -47,20 +47,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import (  # noqa: E402
+from benchmarks import (
     load_average,
     run_environment,
     wait_for_quiet_machine,
     write_json,
 )
-from benchmarks.workloads import WORKLOADS  # noqa: E402
+from benchmarks.workloads import WORKLOADS
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 PEERS = REPO_ROOT / "benchmarks" / "peers"
 VLLM_ENV_SH = PEERS / "vllm_env.sh"
 #: Default vLLM venv: beside the checkout, shared by every checkout and worktree of the machine.
@@ -91,11 +86,14 @@ def vllm_environment(venv: Path) -> dict[str, str]:
 
 
 def run_logged(cmd: Sequence[str], log: Path, timeout: float) -> None:
-    """Run ``cmd`` to completion with its output in ``log``; raise with the log's tail if it
-    fails (a benchmark that half ran must not print a ratio)."""
+    """Run ``cmd`` from the repository root (``-m benchmarks.X`` resolves there) to completion
+    with its output in ``log``; raise with the log's tail if it fails (a benchmark that half ran
+    must not print a ratio)."""
     print(f"$ {shlex.join(cmd)}  > {log}", flush=True)
     with log.open("w") as out:
-        done = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
+        done = subprocess.run(
+            cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=timeout
+        )
     if done.returncode != 0:
         tail = "".join(log.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise RuntimeError(f"{cmd[0]} ... exited {done.returncode}; log {log}:\n{tail}")
@@ -183,7 +181,7 @@ def vllm_dtype(args: argparse.Namespace) -> str:
 def run_ours_offline(args: argparse.Namespace, workload: str, model: Path, work: Path) -> dict:
     """One run of our engine (``throughput.py``, engine side only) in a fresh process."""
     out = work / f"ours_{workload}_{time.time_ns()}.json"
-    cmd = [sys.executable, str(REPO_ROOT / "benchmarks" / "throughput.py"), "--skip-transformers"]
+    cmd = [sys.executable, "-m", "benchmarks.throughput", "--skip-transformers"]
     cmd += ["--workload", workload, "--dtype", args.dtype, "--model", str(model)]
     cmd += ["--num-threads", str(args.num_threads), "--json", str(out)]
     if args.num_prompts is not None:
@@ -387,8 +385,8 @@ def bench_our_client(args: argparse.Namespace, run: ClientRun) -> dict[str, Any]
     """One ``benchmarks/serving.py`` run (our fixed prompt set, streaming chat, ``ignore_eos``;
     ``run.seed`` draws the arrival times: the prompts are the same in every run)."""
     out = run.log.with_suffix(".json")
-    script = REPO_ROOT / "benchmarks" / "serving.py"
-    cmd = [sys.executable, str(script), "--base-url", run.base + "/v1", "--model", args.model_name]
+    cmd = [sys.executable, "-m", "benchmarks.serving", "--base-url", run.base + "/v1"]
+    cmd += ["--model", args.model_name]
     cmd += ["--rate", str(run.rate), "--num-requests", str(run.num_prompts)]
     cmd += ["--max-tokens", str(run.output_len), "--ignore-eos", "--seed", str(run.seed)]
     cmd += ["--json", str(out), "--timeout", str(args.timeout)]
