@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,6 @@ from typing import Any
 from tests.support.paths import REPO_ROOT
 
 START_APP = REPO_ROOT / "start_app.py"
-
-
-def free_port() -> int:
-    """A loopback port that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def is_alive(pid: int) -> bool:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.network import free_port
 from harness.waiting import wait_until
 from tests.support.paths import REPO_ROOT
 from tests.triton.stand_in.pytriton_server import WORKER_PYTHON_ENV
@@ -31,13 +31,6 @@ from tests.triton.stand_in.setup_venv import TritonVenvError, ensure_venv, find_
 SERVER_SCRIPT = Path(__file__).resolve().with_name("stand_in") / "pytriton_server.py"
 #: TensorRT-LLM deployments call their model "ensemble"; the gateway maps our names onto it.
 DEFAULT_TRITON_MODEL = "ensemble"
-
-
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class TritonServer:
