@@ -76,6 +76,26 @@ def print_report(report: Any, path: Path | None) -> None:
         path.write_text(text + "\n")
 
 
+def run_kernel_benchmark(
+    bench: Callable[[Any], dict[str, Any]], args: Any, name: str
+) -> dict[str, Any]:
+    """Run a GPU kernel microbenchmark's ``bench(args)``; returns (and writes to ``args.out``)
+    its results. ``args.device`` "cpu" runs the Triton kernels in the interpreter (set before
+    they are first imported); a CUDA device must be there."""
+    if args.device == "cpu":
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit(f"{name} needs a CUDA GPU (or --device cpu)")
+    result = bench(args)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=2))
+        print(f"wrote {args.out}", flush=True)
+    return result
+
+
 def save_figure(fig: Any, path: Path) -> None:
     """Write a matplotlib figure (creating the folder) and release it."""
     import matplotlib.pyplot as plt

@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks import run_kernel_benchmark
 
 H100_GBS = 3350.0
 BLOCK_SIZE = 16
@@ -171,19 +172,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the microbenchmark; returns (and writes to ``--out``) its results."""
-    args = parse_args(argv)
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are first imported
-    import torch
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("bench_decode_attention.py needs a CUDA GPU (or --device cpu)")
-    result = bench(args)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}", flush=True)
-    return result
+    return run_kernel_benchmark(bench, parse_args(argv), "bench_decode_attention.py")
 
 
 if __name__ == "__main__":

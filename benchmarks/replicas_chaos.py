@@ -37,6 +37,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -46,6 +47,7 @@ from harness.replicas import (
     REDIS_PASSWORD,
     START_TIMEOUT_SECONDS,
     Cluster,
+    Replica,
     seconds_until,
 )
 
@@ -69,53 +71,72 @@ class ScenarioReport:
     duration_seconds: float = 0.0
 
 
-def _count_warnings(cluster: Cluster) -> dict[str, int]:
-    return {
-        name: replica.log_text().count("unreachable")
-        for name, replica in sorted(cluster.replicas.items())
-    }
+@contextlib.asynccontextmanager
+async def _fresh_cluster(
+    folder: Path, scenario: str, proxied: tuple[str, ...] = ()
+) -> AsyncIterator[tuple[Cluster, ScenarioReport]]:
+    """A started cluster (replicas A and B) and the scenario's report; when the scenario is
+    done, what the logs show (warnings, the password) and the duration, and the cluster stopped."""
+    started = time.monotonic()
+    cluster = Cluster(folder)
+    report = ScenarioReport(scenario, LoadReport())
+    try:
+        await cluster.start(proxied=proxied)
+        yield cluster, report
+        logs = {name: replica.log_text() for name, replica in sorted(cluster.replicas.items())}
+        report.num_warnings = {name: log.count("unreachable") for name, log in logs.items()}
+        report.is_secret_logged = any(REDIS_PASSWORD in log for log in logs.values())
+    finally:
+        await cluster.stop()
+    report.duration_seconds = time.monotonic() - started
 
 
-def _is_secret_logged(cluster: Cluster) -> bool:
-    return any(REDIS_PASSWORD in replica.log_text() for replica in cluster.replicas.values())
-
-
-async def _background(
-    client: ReplicaClient, concurrency: int
-) -> tuple[asyncio.Task, asyncio.Event]:
+@contextlib.asynccontextmanager
+async def _under_load(
+    cluster: Cluster, report: ScenarioReport, concurrency: int
+) -> AsyncIterator[None]:
+    """Load over replicas A and B (``concurrency`` at a time) while the block runs."""
+    a, b = cluster.replicas["A"], cluster.replicas["B"]
+    client = ReplicaClient([a.url, b.url], report.load)
     stop = asyncio.Event()
     task = asyncio.create_task(run_load(client, concurrency, stop=stop))
-    return task, stop
+    try:
+        yield
+    finally:
+        stop.set()
+        await task
+        await client.aclose()
+
+
+async def _logged(replica: Replica, text: str, what: str, count: int = 1) -> None:
+    """Wait until ``replica`` has logged ``text`` ``count`` times (each replica notices an
+    outage or a reconnection on its own, at its next sync round)."""
+    await seconds_until(
+        lambda: replica.log_text().count(text) >= count,
+        CONVERGE_TIMEOUT_SECONDS,
+        what,
+        replica.check_alive,
+    )
 
 
 async def scenario_redis(
     folder: Path, concurrency: int = 8, outage_seconds: float = 2.0
 ) -> ScenarioReport:
     """Redis SIGKILLed and restarted under load."""
-    started = time.monotonic()
-    cluster = Cluster(folder)
-    report = ScenarioReport("redis", LoadReport())
-    try:
-        await cluster.start()
+    async with _fresh_cluster(folder, "redis") as (cluster, report):
         a, b = cluster.replicas["A"], cluster.replicas["B"]
-        client = ReplicaClient([a.url, b.url], report.load)
-        task, stop = await _background(client, concurrency)
-        try:
+        converged = report.convergence_seconds
+        async with _under_load(cluster, report, concurrency):
             since = await cluster.open_breaker(a, "f1")
-            report.convergence_seconds["breaker A->B, steady"] = await cluster.seconds_until_open(
+            converged["breaker A->B, steady"] = await cluster.seconds_until_open(
                 b, cluster.url("f1"), since
             )
             report.checks["B's copy of the breaker ends with A's"] = await cluster.ends_together(
                 a, b, cluster.url("f1")
             )
             cluster.redis.kill()
-            for replica in (a, b):  # each notices on its own (its next sync round)
-                await seconds_until(
-                    lambda r=replica: "unreachable" in r.log_text(),
-                    CONVERGE_TIMEOUT_SECONDS,
-                    f"{replica.name}'s warning",
-                    replica.check_alive,
-                )
+            for replica in (a, b):
+                await _logged(replica, "unreachable", f"{replica.name}'s warning")
             # During the outage an opening on A stays A's own: B routes by its own state.
             await cluster.open_breaker(a, "f2")
             report.checks["outage: B keeps its own state"] = await cluster.stays_closed(
@@ -125,35 +146,21 @@ async def scenario_redis(
             await cluster.redis.wait_async()
             restarted_at = time.monotonic()
             # The outage's opening reaches B once Redis is back (A writes it again).
-            report.convergence_seconds[
+            converged[
                 "breaker A->B made during outage, from restart"
             ] = await cluster.seconds_until_open(b, cluster.url("f2"), restarted_at)
             # New openings after the restart converge as before.
             since = await cluster.open_breaker(a, "f3")
-            report.convergence_seconds[
-                "breaker A->B after restart"
-            ] = await cluster.seconds_until_open(b, cluster.url("f3"), since)
+            converged["breaker A->B after restart"] = await cluster.seconds_until_open(
+                b, cluster.url("f3"), since
+            )
             since = await cluster.rest_key(a)
-            report.convergence_seconds[
-                "cooldown A->B after restart"
-            ] = await cluster.seconds_until_open(b, cluster.resting_key_row, since)
+            converged["cooldown A->B after restart"] = await cluster.seconds_until_open(
+                b, cluster.resting_key_row, since
+            )
             for replica in (a, b):
-                await seconds_until(
-                    lambda r=replica: "reachable again" in r.log_text(),
-                    CONVERGE_TIMEOUT_SECONDS,
-                    f"{replica.name} reconnected",
-                    replica.check_alive,
-                )
+                await _logged(replica, "reachable again", f"{replica.name} reconnected")
             await asyncio.sleep(0.5)  # a little load after the restart too
-        finally:
-            stop.set()
-            await task
-            await client.aclose()
-        report.num_warnings = _count_warnings(cluster)
-        report.is_secret_logged = _is_secret_logged(cluster)
-    finally:
-        await cluster.stop()
-    report.duration_seconds = time.monotonic() - started
     return report
 
 
@@ -161,19 +168,16 @@ async def scenario_kill(
     folder: Path, num_requests: int = 240, concurrency: int = 16, kill_after: int = 80
 ) -> ScenarioReport:
     """Replica A SIGKILLed under load; the clients retry on B; then A restarts."""
-    started = time.monotonic()
-    cluster = Cluster(folder)
-    report = ScenarioReport("kill", LoadReport())
-    try:
-        await cluster.start()
+    async with _fresh_cluster(folder, "kill") as (cluster, report):
         a, b = cluster.replicas["A"], cluster.replicas["B"]
+        converged = report.convergence_seconds
         # Openings made on B before the kill (A adopts them; so must A's successor).
         since = await cluster.open_breaker(b, "f1")
-        report.convergence_seconds["breaker B->A, steady"] = await cluster.seconds_until_open(
+        converged["breaker B->A, steady"] = await cluster.seconds_until_open(
             a, cluster.url("f1"), since
         )
         since = await cluster.rest_key(b)
-        report.convergence_seconds["cooldown B->A, steady"] = await cluster.seconds_until_open(
+        converged["cooldown B->A, steady"] = await cluster.seconds_until_open(
             a, cluster.resting_key_row, since
         )
         report.checks["A's copy of the cooldown ends with B's"] = await cluster.ends_together(
@@ -209,12 +213,12 @@ async def scenario_kill(
             restarted.check_alive,
         )
         since = time.monotonic()
-        report.convergence_seconds["breaker, restarted replica"] = await cluster.seconds_until_open(
+        converged["breaker, restarted replica"] = await cluster.seconds_until_open(
             restarted, cluster.url("f1"), since
         )
-        report.convergence_seconds[
-            "cooldown, restarted replica"
-        ] = await cluster.seconds_until_open(restarted, cluster.resting_key_row, since)
+        converged["cooldown, restarted replica"] = await cluster.seconds_until_open(
+            restarted, cluster.resting_key_row, since
+        )
         # ...and keeps traffic away from them without trying them itself.
         before = await cluster.num_requests("f1")
         body = {"model": "m-f1", "prompt": "stay away", "max_tokens": 4}
@@ -222,11 +226,6 @@ async def scenario_kill(
         report.checks["restarted replica keeps traffic off f1"] = (
             status == 503 and await cluster.num_requests("f1") == before
         )
-        report.num_warnings = _count_warnings(cluster)
-        report.is_secret_logged = _is_secret_logged(cluster)
-    finally:
-        await cluster.stop()
-    report.duration_seconds = time.monotonic() - started
     return report
 
 
@@ -234,23 +233,13 @@ async def scenario_cutoff(
     folder: Path, concurrency: int = 8, outage_seconds: float = 2.0
 ) -> ScenarioReport:
     """Replica A cut off from Redis (black-holed) under load, twice, then reconnected."""
-    started = time.monotonic()
-    cluster = Cluster(folder)
-    report = ScenarioReport("cutoff", LoadReport())
-    try:
-        await cluster.start(proxied=("A",))
+    async with _fresh_cluster(folder, "cutoff", proxied=("A",)) as (cluster, report):
         a, b = cluster.replicas["A"], cluster.replicas["B"]
+        converged = report.convergence_seconds
         proxy = cluster.proxies[0]
-        client = ReplicaClient([a.url, b.url], report.load)
-        task, stop = await _background(client, concurrency)
-        try:
+        async with _under_load(cluster, report, concurrency):
             proxy.cut()
-            await seconds_until(
-                lambda: "unreachable" in a.log_text(),
-                CONVERGE_TIMEOUT_SECONDS,
-                "A's warning",
-                a.check_alive,
-            )
+            await _logged(a, "unreachable", "A's warning")
             # Each side's openings during the cut stay its own.
             await cluster.open_breaker(b, "f1")
             await cluster.open_breaker(a, "f2")
@@ -263,49 +252,25 @@ async def scenario_cutoff(
             proxy.restore()
             restored_at = time.monotonic()
             # A reads B's opening; B gets A's openings made while it was cut off.
-            report.convergence_seconds[
-                "breaker B->A after reconnect"
-            ] = await cluster.seconds_until_open(a, cluster.url("f1"), restored_at)
-            report.convergence_seconds[
-                "breaker A->B after reconnect"
-            ] = await cluster.seconds_until_open(b, cluster.url("f2"), restored_at)
-            report.convergence_seconds[
-                "cooldown A->B after reconnect"
-            ] = await cluster.seconds_until_open(b, cluster.resting_key_row, restored_at)
+            converged["breaker B->A after reconnect"] = await cluster.seconds_until_open(
+                a, cluster.url("f1"), restored_at
+            )
+            converged["breaker A->B after reconnect"] = await cluster.seconds_until_open(
+                b, cluster.url("f2"), restored_at
+            )
+            converged["cooldown A->B after reconnect"] = await cluster.seconds_until_open(
+                b, cluster.resting_key_row, restored_at
+            )
             report.checks[
                 "B's copy of A's outage cooldown ends with A's"
             ] = await cluster.ends_together(a, b, cluster.resting_key_row)
-            await seconds_until(
-                lambda: "reachable again" in a.log_text(),
-                CONVERGE_TIMEOUT_SECONDS,
-                "A reconnected",
-                a.check_alive,
-            )
+            await _logged(a, "reachable again", "A reconnected")
             # A second outage: a second warning (one per outage, not one per failed call).
             proxy.cut()
-            await seconds_until(
-                lambda: a.log_text().count("unreachable") >= 2,
-                CONVERGE_TIMEOUT_SECONDS,
-                "A's second warning",
-                a.check_alive,
-            )
+            await _logged(a, "unreachable", "A's second warning", count=2)
             await asyncio.sleep(outage_seconds / 2)
             proxy.restore()
-            await seconds_until(
-                lambda: a.log_text().count("reachable again") >= 2,
-                CONVERGE_TIMEOUT_SECONDS,
-                "A reconnected again",
-                a.check_alive,
-            )
-        finally:
-            stop.set()
-            await task
-            await client.aclose()
-        report.num_warnings = _count_warnings(cluster)
-        report.is_secret_logged = _is_secret_logged(cluster)
-    finally:
-        await cluster.stop()
-    report.duration_seconds = time.monotonic() - started
+            await _logged(a, "reachable again", "A reconnected again", count=2)
     return report
 
 

@@ -7,7 +7,7 @@ import itertools
 import json
 import socket
 import threading
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -157,3 +157,22 @@ def start_gateway(
     path = tmp_path / f"client_config_{next(_config_ids)}.json"
     path.write_text(json.dumps(config))
     return ServerThread(build_app(str(path)), http_parser=http_parser).start()
+
+
+def served(app: FastAPI, timeout_seconds: float = 10.0) -> Iterator[ServerThread]:
+    """Serve ``app`` in a thread, yield the server, stop it when resumed: a fixture's body
+    (``yield from served(app)``)."""
+    server = ServerThread(app).start(timeout_seconds)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def gateway_served(tmp_path: Path, **config: Any) -> Iterator[ServerThread]:
+    """:func:`start_gateway` (same arguments), yielded and stopped: a fixture's body."""
+    gateway = start_gateway(tmp_path, **config)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()

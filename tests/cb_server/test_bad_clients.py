@@ -24,10 +24,13 @@ from tests.support.raw_http import (
     chunked_post,
     connect,
     exchange,
+    hold_trickling,
     read_until_closed,
 )
 from utils.connection_limits import ConnectionLimits
 
+#: The trickling clients' request line (then header bytes, one at a time).
+POST_LINE = b"POST /generate HTTP/1.1\r\n"
 LIMITS = ConnectionLimits(
     header_timeout_seconds=1.0,
     body_idle_timeout_seconds=0.6,
@@ -78,24 +81,12 @@ def test_slow_headers_and_bodies_get_408(cb_server: ServerThread) -> None:
     assert time.monotonic() - started < 3
 
 
-def _hold_trickling(url: str, stop: threading.Event) -> None:
-    """A byte every 0.2 s into a request's headers; reconnect when hung up on."""
-    while not stop.is_set():
-        with connect(url) as sock:
-            try:
-                sock.sendall(b"POST /generate HTTP/1.1\r\n")
-                while not stop.is_set():
-                    sock.send(b"X")
-                    stop.wait(0.2)
-            except OSError:
-                continue
-
-
 def test_generation_goes_on_while_slow_clients_are_held(cb_server: ServerThread) -> None:
     idle = [connect(cb_server.url) for _ in range(50)]
     stop = threading.Event()
     trickles = [
-        threading.Thread(target=_hold_trickling, args=(cb_server.url, stop)) for _ in range(3)
+        threading.Thread(target=hold_trickling, args=(cb_server.url, stop, POST_LINE))
+        for _ in range(3)
     ]
     for thread in trickles:
         thread.start()

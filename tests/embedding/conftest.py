@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from harness.servers import ServerThread, start_gateway
+from harness.servers import ServerThread, gateway_served, served
 from server.embedding.app import create_embedding_app
 from server.embedding.config import EmbeddingServerConfig, packaged_model_path
 from server.embedding.encoder import Encoder
@@ -30,9 +30,7 @@ def embedding_server(embedding_encoder: Encoder) -> Iterator[ServerThread]:
             "serving_config": {"max_inputs_per_request": 64},
         }
     )
-    server = ServerThread(create_embedding_app(embedding_encoder, config)).start(60)
-    yield server
-    server.stop()
+    yield from served(create_embedding_app(embedding_encoder, config), timeout_seconds=60)
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +38,5 @@ def embedding_gateway(
     tmp_path_factory: pytest.TempPathFactory, embedding_server: ServerThread
 ) -> Iterator[ServerThread]:
     """A real gateway whose only server is ``embedding_server``."""
-    gateway = start_gateway(
-        tmp_path_factory.mktemp("embedding-gateway"), embedding_server_urls=[embedding_server.url]
-    )
-    yield gateway
-    gateway.stop()
+    folder = tmp_path_factory.mktemp("embedding-gateway")
+    yield from gateway_served(folder, embedding_server_urls=[embedding_server.url])

@@ -21,6 +21,7 @@ from tests.support.raw_http import (
     chunked_post,
     connect,
     exchange,
+    hold_trickling,
     read_until_closed,
 )
 
@@ -133,22 +134,10 @@ def test_pipelined_requests_are_all_answered(gateway: ServerThread) -> None:
     assert answer.data.count(b"HTTP/1.1 200 OK") == 4
 
 
-def _trickle(url: str, stop: threading.Event) -> None:
-    """A byte-a-tick header writer that reconnects when the server hangs up on it."""
-    while not stop.is_set():
-        with connect(url) as sock:
-            try:
-                while not stop.is_set():
-                    sock.send(b"X")
-                    stop.wait(0.2)
-            except OSError:
-                continue
-
-
 def test_normal_requests_are_served_while_slow_clients_are_held(gateway: ServerThread) -> None:
     idle = [connect(gateway.url) for _ in range(100)]
     stop = threading.Event()
-    trickles = [threading.Thread(target=_trickle, args=(gateway.url, stop)) for _ in range(5)]
+    trickles = [threading.Thread(target=hold_trickling, args=(gateway.url, stop)) for _ in range(5)]
     for thread in trickles:
         thread.start()
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,20 @@ def connect(url: str) -> socket.socket:
     sock = socket.create_connection(address_of(url), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def hold_trickling(url: str, stop: threading.Event, request_line: bytes = b"") -> None:
+    """A slow client until ``stop``: ``request_line``, then a header byte every 0.2 s; it
+    reconnects when the server hangs up on it (run it in a thread)."""
+    while not stop.is_set():
+        with connect(url) as sock:
+            try:
+                sock.sendall(request_line)
+                while not stop.is_set():
+                    sock.send(b"X")
+                    stop.wait(0.2)
+            except OSError:
+                continue
 
 
 def read_until_closed(sock: socket.socket, timeout_seconds: float) -> RawAnswer:
