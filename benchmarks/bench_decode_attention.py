@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks import run_kernel_benchmark
+from benchmarks import median_kernel_seconds, run_kernel_benchmark
 
 H100_GBS = 3350.0
 BLOCK_SIZE = 16
@@ -99,23 +97,7 @@ def time_launch(case: dict[str, Any], context: int, args: argparse.Namespace, la
             launch=launch,
         )
 
-    run()  # compile
-    times = []
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-        for _ in range(args.iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(args.iters):
-            begin = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - begin)
-    return statistics.median(times)
+    return median_kernel_seconds(run, args.device, args.iters)
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:

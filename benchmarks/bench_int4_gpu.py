@@ -18,13 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from benchmarks import run_kernel_benchmark
+from benchmarks import median_kernel_seconds, run_kernel_benchmark
 
 #: (in, out) of a layer's four matmuls.
 SHAPES: dict[str, dict[str, tuple[int, int]]] = {
@@ -76,24 +75,8 @@ def make_layer(in_features: int, out: int, args: argparse.Namespace):
     return layer, layer.weight().t().contiguous()
 
 
-def _median_seconds(fn, args: argparse.Namespace) -> float:
-    import torch
-
-    fn()
-    times = []
-    for _ in range(args.iters):
-        if args.device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            begin = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - begin)
-    return statistics.median(times)
+def _median_seconds(fn: Callable[[], Any], args: argparse.Namespace) -> float:
+    return median_kernel_seconds(fn, args.device, args.iters)
 
 
 def _dequant_mm(layer, xs):

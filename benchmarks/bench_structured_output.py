@@ -13,14 +13,13 @@ Run: ``.venv/bin/python -m benchmarks.bench_structured_output [--batches 1 32] [
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
 import time
 
 import torch
 from transformers import AutoTokenizer
 
+from benchmarks import median_step_ms, step_bench_parser
 from server.common.structured_output import GrammarCompiler, OutputConstraint
 from server.continuous_batching.row_params import RowParams
 from server.continuous_batching.sampler import sample
@@ -48,21 +47,18 @@ def _time_steps(
         constraint = OutputConstraint.json_schema(SCHEMA)
         matchers = [compiler.matcher(constraint) for _ in range(num_rows)]
     rows = [RowParams(grammar=m) for m in matchers] or [RowParams() for _ in range(num_rows)]
-    timings = []
-    for step in range(min(num_steps, len(tokens))):
-        logits = torch.randn(num_rows, vocab_size)
-        start = time.perf_counter()
+
+    def step(index: int, logits: torch.Tensor) -> None:
         sample(logits, rows)
         for matcher in matchers:  # what the bookkeeping does after the choice
-            matcher.accept(tokens[step])
-        timings.append(time.perf_counter() - start)
-    return 1000 * statistics.median(timings)
+            matcher.accept(tokens[index])
+
+    num_timed = min(num_steps, len(tokens))
+    return median_step_ms(num_timed, lambda _: torch.randn(num_rows, vocab_size), step)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--steps", type=int, default=40)
+    parser = step_bench_parser(__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(default_model_dir()))
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -206,18 +206,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenario and print the report."""
-    args = parse_args(argv)
-    report = asyncio.run(
-        run_failover(
-            args.num_requests,
-            args.concurrency,
-            args.max_tokens,
-            args.kill_after,
-            args.heartbeat_interval,
-            args.num_threads,
-        )
-    )
-    print_report(report, args.json)
+    options = vars(parse_args(argv))  # named as run_failover's parameters
+    path = options.pop("json")
+    print_report(asyncio.run(run_failover(**options)), path)
     return 0
 
 

@@ -184,19 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway", default="http://127.0.0.1:18400")
     parser.add_argument("--server", default="http://127.0.0.1:18401", help="the CB server")
     parser.add_argument("--run-dir", type=Path, help="the deployment's run folder (its logs)")
-    parser.add_argument(
-        "--hold-seconds",
-        type=float,
-        default=40.0,
-        help="how long slow clients are held before they count as hangs",
-    )
+    hold_help = "how long slow clients are held before they count as hangs"
+    parser.add_argument("--hold-seconds", type=float, default=40.0, help=hold_help)
     parser.add_argument("--num-idle", type=int, default=50, help="idle connections per app")
-    parser.add_argument(
-        "--num-slow",
-        type=int,
-        default=3,
-        help="byte-a-second header and body clients per app (each)",
-    )
+    slow_help = "byte-a-second header and body clients per app (each)"
+    parser.add_argument("--num-slow", type=int, default=3, help=slow_help)
     parser.add_argument("--overload", type=int, default=100, help="concurrent requests")
     parser.add_argument("--streams", type=int, default=30, help="streams, 40%% abandoned")
     parser.add_argument("--json", type=Path, help="write the tallies here")

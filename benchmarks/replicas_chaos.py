@@ -127,10 +127,7 @@ async def scenario_redis(
         a, b = cluster.replicas["A"], cluster.replicas["B"]
         converged = report.convergence_seconds
         async with _under_load(cluster, report, concurrency):
-            since = await cluster.open_breaker(a, "f1")
-            converged["breaker A->B, steady"] = await cluster.seconds_until_open(
-                b, cluster.url("f1"), since
-            )
+            converged["breaker A->B, steady"] = await cluster.spread_seconds(a, b, "f1")
             report.checks["B's copy of the breaker ends with A's"] = await cluster.ends_together(
                 a, b, cluster.url("f1")
             )
@@ -150,14 +147,8 @@ async def scenario_redis(
                 "breaker A->B made during outage, from restart"
             ] = await cluster.seconds_until_open(b, cluster.url("f2"), restarted_at)
             # New openings after the restart converge as before.
-            since = await cluster.open_breaker(a, "f3")
-            converged["breaker A->B after restart"] = await cluster.seconds_until_open(
-                b, cluster.url("f3"), since
-            )
-            since = await cluster.rest_key(a)
-            converged["cooldown A->B after restart"] = await cluster.seconds_until_open(
-                b, cluster.resting_key_row, since
-            )
+            converged["breaker A->B after restart"] = await cluster.spread_seconds(a, b, "f3")
+            converged["cooldown A->B after restart"] = await cluster.spread_seconds(a, b)
             for replica in (a, b):
                 await _logged(replica, "reachable again", f"{replica.name} reconnected")
             await asyncio.sleep(0.5)  # a little load after the restart too
@@ -172,14 +163,8 @@ async def scenario_kill(
         a, b = cluster.replicas["A"], cluster.replicas["B"]
         converged = report.convergence_seconds
         # Openings made on B before the kill (A adopts them; so must A's successor).
-        since = await cluster.open_breaker(b, "f1")
-        converged["breaker B->A, steady"] = await cluster.seconds_until_open(
-            a, cluster.url("f1"), since
-        )
-        since = await cluster.rest_key(b)
-        converged["cooldown B->A, steady"] = await cluster.seconds_until_open(
-            a, cluster.resting_key_row, since
-        )
+        converged["breaker B->A, steady"] = await cluster.spread_seconds(b, a, "f1")
+        converged["cooldown B->A, steady"] = await cluster.spread_seconds(b, a)
         report.checks["A's copy of the cooldown ends with B's"] = await cluster.ends_together(
             b, a, cluster.resting_key_row
         )

@@ -175,24 +175,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=48, help="default: %(default)s")
     parser.add_argument("--first-kill-after", type=float, default=2.0, help="seconds")
     parser.add_argument("--seconds-between-kills", type=float, default=2.0)
-    parser.add_argument("--seeded", action="store_true", help="half the streams sample, seeded")
+    seeded_help = "half the streams sample, seeded"
+    parser.add_argument("--seeded", action="store_true", dest="is_seeded", help=seeded_help)
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run and print the report; exit 1 if a stream was lost, wrong or hung."""
-    args = parse_args(argv)
-    report = asyncio.run(
-        run_resume(
-            args.num_streams,
-            args.max_tokens,
-            args.first_kill_after,
-            args.seconds_between_kills,
-            args.seeded,
-        )
-    )
-    print_report(report, args.json)
+    options = vars(parse_args(argv))  # named as run_resume's parameters
+    path = options.pop("json")
+    report = asyncio.run(run_resume(**options))
+    print_report(report, path)
     is_whole = report.num_identical == report.num_streams
     return 0 if is_whole else 1
 

@@ -266,6 +266,17 @@ class Cluster:
         await seconds_until(is_open, timeout, what, replica.check_alive)
         return time.monotonic() - since
 
+    async def spread_seconds(
+        self, origin: Replica, other: Replica, backend: str | None = None
+    ) -> float:
+        """Open ``backend``'s circuit (None: rest the jumper key) through ``origin``; the
+        seconds until ``other`` shows it open too."""
+        if backend is None:
+            since, row = await self.rest_key(origin), self.resting_key_row
+        else:
+            since, row = await self.open_breaker(origin, backend), self.url(backend)
+        return await self.seconds_until_open(other, row, since)
+
     async def stays_closed(self, replica: Replica, row_name: str, seconds: float) -> bool:
         """True when ``row_name`` is never open on ``replica`` for ``seconds``."""
         deadline = time.monotonic() + seconds
