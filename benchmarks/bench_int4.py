@@ -34,11 +34,11 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
 from benchmarks.bench_model_step import BLOCK_SIZE, ours_step, time_interleaved
+from harness.gptq_writer import pack_rows
 from server.continuous_batching.engine_config import ModelLoadingConfig
 from server.continuous_batching.model import (
     LlamaForCausalLM,
@@ -53,15 +53,6 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VARIANTS = ("bf16", "int4", "int4-portable", "int4-dequant")
-
-
-def _pack_rows(codes: torch.Tensor) -> torch.Tensor:
-    """GPTQ packing: int32 row r holds rows 8r..8r+7 of ``codes``, lowest bits first."""
-    arr = codes.numpy().astype(np.uint32)
-    packed = np.zeros((arr.shape[0] // 8, arr.shape[1]), dtype=np.uint32)
-    for j in range(8):
-        packed |= arr[j::8] << np.uint32(4 * j)
-    return torch.from_numpy(packed.view(np.int32))
 
 
 def write_gptq(model_dir: Path, out_dir: Path, group_size: int) -> None:
@@ -81,8 +72,8 @@ def write_gptq(model_dir: Path, out_dir: Path, group_size: int) -> None:
         zeros = torch.round(-xmin / scales.float()).clamp(0, 15)
         codes = (torch.round(groups / scales.float()[:, None]) + zeros[:, None]).clamp(0, 15)
         stored_zeros = (zeros.long() - 1) & 15  # the v1 format stores zero - 1
-        tensors[f"{prefix}.qweight"] = _pack_rows(codes.reshape(in_features, out).long())
-        tensors[f"{prefix}.qzeros"] = _pack_rows(stored_zeros.t().contiguous()).t().contiguous()
+        tensors[f"{prefix}.qweight"] = pack_rows(codes.reshape(in_features, out).long())
+        tensors[f"{prefix}.qzeros"] = pack_rows(stored_zeros.t().contiguous()).t().contiguous()
         tensors[f"{prefix}.scales"] = scales
         tensors[f"{prefix}.g_idx"] = (torch.arange(in_features) // group_size).int()
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -319,14 +319,9 @@ def hf_model(path: Path, args: argparse.Namespace, system: str) -> Any:
 def run_hf(model: Any, prompts: list[list[int]], new_tokens: int) -> None:
     """One greedy ``generate`` over the whole batch, exactly ``new_tokens`` each."""
     ids = torch.tensor(prompts, device=model.device)
+    budget = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens}
     with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-        )
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, **budget)
     if out.shape[1] != ids.shape[1] + new_tokens:
         raise RuntimeError(f"transformers made {out.shape[1] - ids.shape[1]} tokens")
 

@@ -5,7 +5,6 @@ while it keeps generating for everyone else."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,11 +20,11 @@ from server.continuous_batching.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
 from tests.support.raw_http import (
     assert_error_shape,
+    assert_refused,
     chunked_post,
     connect,
-    exchange,
-    hold_trickling,
     read_until_closed,
+    slow_clients,
 )
 from utils.connection_limits import ConnectionLimits
 
@@ -56,15 +55,15 @@ def cb_server(default_model_path: Path, cb_runner: ModelRunner) -> Iterator[Serv
 
 def test_bad_framing_answers_in_the_error_shape(cb_server: ServerThread) -> None:
     big = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
-    assert_error_shape(exchange(cb_server.url, big), 431)
+    assert_refused(cb_server.url, big, 431)
     bad_length = b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 1e3\r\n\r\n{}"
-    assert_error_shape(exchange(cb_server.url, bad_length), 400)
+    assert_refused(cb_server.url, bad_length, 400)
 
 
 def test_chunked_upload_over_the_limit_is_413(cb_server: ServerThread) -> None:
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
-        answer = exchange(cb_server.url, chunked_post(path, b" " * 65536, 32), timeout_seconds=5)
-        error = assert_error_shape(answer, 413)
+        request = chunked_post(path, b" " * 65536, 32)
+        error = assert_refused(cb_server.url, request, 413, timeout_seconds=5)
         assert "4000" in error["message"]
 
 
@@ -82,15 +81,7 @@ def test_slow_headers_and_bodies_get_408(cb_server: ServerThread) -> None:
 
 
 def test_generation_goes_on_while_slow_clients_are_held(cb_server: ServerThread) -> None:
-    idle = [connect(cb_server.url) for _ in range(50)]
-    stop = threading.Event()
-    trickles = [
-        threading.Thread(target=hold_trickling, args=(cb_server.url, stop, POST_LINE))
-        for _ in range(3)
-    ]
-    for thread in trickles:
-        thread.start()
-    try:
+    with slow_clients(cb_server.url, 50, 3, POST_LINE):
         for _ in range(3):
             response = cb_server.http.post(
                 "/v1/completions",
@@ -104,9 +95,3 @@ def test_generation_goes_on_while_slow_clients_are_held(cb_server: ServerThread)
             )
             assert response.status_code == 200, response.text
             assert response.json()["usage"]["completion_tokens"] == 4
-    finally:
-        stop.set()
-        for thread in trickles:
-            thread.join(timeout=5)
-        for sock in idle:
-            sock.close()

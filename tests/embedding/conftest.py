@@ -38,5 +38,6 @@ def embedding_gateway(
     tmp_path_factory: pytest.TempPathFactory, embedding_server: ServerThread
 ) -> Iterator[ServerThread]:
     """A real gateway whose only server is ``embedding_server``."""
-    folder = tmp_path_factory.mktemp("embedding-gateway")
-    yield from gateway_served(folder, embedding_server_urls=[embedding_server.url])
+    yield from gateway_served(
+        tmp_path_factory.mktemp("embedding-gateway"), embedding_server_urls=[embedding_server.url]
+    )

@@ -16,9 +16,8 @@ import pytest
 import torch
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
-from tests.support.default_model import engine_config
+from tests.support.default_model import generated_tokens
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -136,9 +135,7 @@ def test_engine_decodes_through_the_fused_ops_like_the_torch_path(
     configs = [GenerationConfig(max_new_tokens=3)] * len(prompts)
 
     def generate() -> list[list[int]]:
-        engine = LLMEngine(engine_config(default_model_path), runner=cb_runner)
-        results = engine.generate(prompts, configs)
-        return [[t for d in deltas for t in d.token_ids] for deltas in results]
+        return generated_tokens(cb_runner, default_model_path, prompts, configs)
 
     expected = generate()
     calls: list[str] = []

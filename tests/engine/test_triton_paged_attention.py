@@ -17,9 +17,8 @@ import pytest
 import torch
 
 from protocol.generation import GenerationConfig
-from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model_runner import ModelRunner
-from tests.support.default_model import engine_config
+from tests.support.default_model import generated_tokens
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -246,9 +245,7 @@ def test_engine_decodes_through_the_kernels_like_the_torch_path(
     configs = [GenerationConfig(max_new_tokens=5)] * len(prompts)
 
     def generate() -> list[list[int]]:
-        engine = LLMEngine(engine_config(default_model_path), runner=cb_runner)
-        results = engine.generate(prompts, configs)
-        return [[t for d in deltas for t in d.token_ids] for deltas in results]
+        return generated_tokens(cb_runner, default_model_path, prompts, configs)
 
     expected = generate()
     kernel_steps: list[int] = []

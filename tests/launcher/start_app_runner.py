@@ -51,15 +51,9 @@ def run_start_app(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python start_app.py ARGS`` with LLM_SUITE_RUN_DIR=run_dir."""
     env = dict(os.environ, **{"LLM_SUITE_RUN_DIR": str(run_dir), "HF_HUB_OFFLINE": "1"})
-    return subprocess.run(
-        [sys.executable, str(START_APP), *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    command = [sys.executable, str(START_APP), *args]
+    output = {"capture_output": True, "text": True, "stdin": subprocess.DEVNULL}
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, timeout=timeout, **output)
 
 
 def write_deployment(path: Path, apps: list[dict[str, Any]], **extra: Any) -> Path:
