@@ -37,11 +37,8 @@ def test_chat_through_gateway_answers_paris(sb_gateway: ServerThread) -> None:
 
 
 def test_native_stream_through_gateway(sb_gateway: ServerThread) -> None:
-    body = {
-        "prompt": "The capital of France is",
-        "generation_config": {"max_new_tokens": 8, "ignore_eos": True},
-        "stream": True,
-    }
+    config = {"max_new_tokens": 8, "ignore_eos": True}
+    body = {"prompt": "The capital of France is", "generation_config": config, "stream": True}
     with httpx.stream("POST", f"{sb_gateway.url}/generate", json=body, timeout=60) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")

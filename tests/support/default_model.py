@@ -37,14 +37,15 @@ def engine_config(model_path: Path, **cache: object) -> EngineConfig:
     )
 
 
-def generated_tokens(
-    runner: Any, model_path: Path, prompts: list[list[int]], configs: list[GenerationConfig]
+def greedy_tokens(
+    runner: Any, model_path: Path, prompts: list[list[int]], max_new_tokens: int
 ) -> list[list[int]]:
     """The token ids a fresh CB engine over ``runner`` (a loaded ``ModelRunner``, shared to
-    spare loading the model again) generates for each prompt."""
+    spare loading the model again) generates greedily for each prompt."""
     from server.continuous_batching.engine import LLMEngine
 
     engine = LLMEngine(engine_config(model_path), runner=runner)
+    configs = [GenerationConfig(max_new_tokens=max_new_tokens)] * len(prompts)
     results = engine.generate(prompts, configs)
     return [[t for d in deltas for t in d.token_ids] for deltas in results]
 
