@@ -534,8 +534,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--metrics-port", type=int, default=8002)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--num-threads", type=int, default=None, help="the worker's torch threads")
-    chat_help = "render text_input as one user message with the model's chat template"
-    parser.add_argument("--chat-template", action="store_true", help=chat_help)
+    parser.add_argument(
+        "--chat-template",
+        action="store_true",
+        help="render text_input as one user message with the model's chat template",
+    )
     parser.add_argument("--log-verbose", type=int, default=0, help="tritonserver verbosity")
     parser.add_argument(
         "--workspace",
