@@ -99,8 +99,7 @@ class ResumeHosts:
         for name in HOSTS:
             for process in self.host(name).processes:
                 if process.poll() is not None:
-                    tail = self.log(name)[-3000:]
-                    pytest.fail(f"{name} exited ({process.returncode}):\n{tail}")
+                    pytest.fail(f"{name} exited ({process.returncode}):\n{self.log(name)[-3000:]}")
 
     def rows(self) -> dict[str, dict[str, object]]:
         """The gateway's backend rows by host name."""
