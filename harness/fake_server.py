@@ -1,19 +1,15 @@
 """The one fake model server of the tests and benchmarks: in a thread, or as a program.
 
-The fake server stands in for a CB/SB model server (or an OpenAI upstream): it answers
-``/health`` with a chosen model id and load, ``/v1/models``, ``/_stats`` (its generation
-request count), and ``/generate`` + ``/v1/completions`` + ``/v1/chat/completions`` with
-deterministic text (``"[<name>] w1 w2 ..."``; an *echo* server answers the prompt's words
-reversed, so that another request's answer cannot pass for right), streaming one word per SSE
-event. It can be told to fail, to hold a stream after its first event, or to break a stream
-off, and it counts what happened to its streams. Like a real server it refuses (404) a model it
-does not serve, so a wrongly routed request fails loudly, and it validates bodies with the
-protocol's models (400 naming the field), as our servers do: the gateway forwards bodies
-without judging them.
+It stands in for a CB/SB model server or an OpenAI upstream: ``/health`` (a chosen model id
+and load), ``/v1/models``, ``/_stats`` (its request count), and the three generation endpoints
+with deterministic text (``"[<name>] w1 w2 ..."``; an *echo* server answers the prompt's words
+reversed, so that another request's answer cannot pass for right), one word per SSE event. It
+fails, holds or breaks streams on demand and counts what happened to them. Like a real server
+it refuses (404) a model it does not serve and validates bodies with the protocol's models (400
+naming the field): the gateway forwards bodies without judging them.
 
-``start_fake_server`` serves one in a thread of the test process; ``python -m
-harness.fake_server --servers JSON`` serves several (port -> settings) in one process, for a
-test host or a deployment of processes (``fake_servers_args``).
+``start_fake_server`` serves one in a thread; ``fake_servers_args`` is the program that serves
+several (port -> settings) in one process, for a test host or a deployment.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ import json
 import socket
 import threading
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -52,8 +48,7 @@ _SCHEMAS: dict[str, type[GenerateRequest | CompletionRequest | ChatCompletionReq
 class FakeServerSettings:
     """How a fake server behaves (mutable while it runs) and what it observed."""
 
-    #: The served model; None: any model (as an OpenAI upstream, which announces none).
-    model_id: str | None = "fake-model"
+    model_id: str | None = "fake-model"  # None: any model (an OpenAI upstream's way)
     name: str = "fake"
     kind: ServerKind = "static_batching"
     status: str = "ok"
@@ -88,8 +83,7 @@ class FakeServerSettings:
     #: Answer the prompt's words reversed, paced like a model: ``stream_delay_seconds`` before
     #: every event (and per word before a whole answer), instead of the canned text.
     is_echo: bool = False
-    # Observations.
-    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # observations:
     #: The Authorization header of each generation request ("" when absent).
     authorizations: list[str] = field(default_factory=list)
     #: The X-Request-ID header of each generation request ("" when absent).
@@ -283,14 +277,8 @@ def start_fake_server(
 
 def settings_from_json(text: str) -> dict[int, FakeServerSettings]:
     """``{"port": {FakeServerSettings field: value}}`` as settings by port (``--servers``)."""
-    known = {f.name for f in fields(FakeServerSettings)}
-    servers = {}
-    for port, values in json.loads(text).items():
-        unknown = set(values) - known
-        if unknown:
-            raise SystemExit(f"unknown fake server settings: {sorted(unknown)}")
-        servers[int(port)] = FakeServerSettings(**values)
-    return servers
+    # An unknown setting fails at once (the dataclass refuses the keyword).
+    return {int(port): FakeServerSettings(**values) for port, values in json.loads(text).items()}
 
 
 def fake_servers_args(host: str, servers: dict[int, dict[str, Any]]) -> list[str]:
