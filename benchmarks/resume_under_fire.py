@@ -27,19 +27,10 @@ from pathlib import Path
 import httpx
 
 from benchmarks import print_report
+from harness.processes import RESUME_PROMPTS as PROMPTS
 from harness.processes import Deployment
 from harness.waiting import metric_sum
 
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time, in a land far away,",
-    "The three primary colors are",
-    "def fibonacci(n):",
-    "In 1969, humans",
-    "Rain is",
-    "My favourite food is",
-    "The quick brown fox",
-]
 REQUEST_TIMEOUT_SECONDS = 180.0
 
 

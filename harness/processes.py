@@ -29,6 +29,19 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 #: Longest wait for a process to become ready (a CB server loads the model first).
 START_TIMEOUT_SECONDS = 180.0
 
+#: Completion prompts of the resume runs (benchmark and multi-host test): open-ended, so that
+#: a stream with ``ignore_eos`` runs its whole budget with text worth comparing.
+RESUME_PROMPTS = [
+    "The capital of France is",
+    "Once upon a time, in a land far away,",
+    "The three primary colors are",
+    "def fibonacci(n):",
+    "In 1969, humans",
+    "Rain is",
+    "My favourite food is",
+    "The quick brown fox",
+]
+
 #: A gateway's settings in a deployment: failures noticed within a second or two.
 GATEWAY_DEFAULTS: dict[str, Any] = {
     "num_failures_to_mark_down": 2,

@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.resume_under_fire import PROMPTS
+from harness.processes import RESUME_PROMPTS as PROMPTS
 from harness.processes import cb_server_config
 from harness.waiting import async_wait_until, metric_sum, wait_until
 from tests.multihost.load import MODEL
