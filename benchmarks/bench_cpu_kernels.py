@@ -2,7 +2,7 @@
 
 Run by hand (not a test), on a quiet machine:
 
-    .venv/bin/python benchmarks/bench_cpu_kernels.py [--model models/SmolLM2-135M-Instruct]
+    .venv/bin/python -m benchmarks.bench_cpu_kernels [--model models/SmolLM2-135M-Instruct]
         [--rows 1 32 64 256] [--rounds 7] [--threads 2] [--isa avx2]
 
 ``--isa`` picks the kernels' ISA level (default: this CPU's best; a lower one is forced, see
@@ -28,19 +28,16 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from benchmarks.bench_model_step import BLOCK_SIZE, time_interleaved
 from server.continuous_batching.model import build_attention_metadata, cpu_isa, cpu_kernels
 from server.continuous_batching.model.paged_attention import PagedAttention
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))  # run as a script: make ``benchmarks`` importable
-
-from benchmarks.bench_model_step import BLOCK_SIZE, time_interleaved  # noqa: E402
 
 
 def median_ms(fns: dict[str, Callable[[], object]], rounds: int) -> dict[str, float]:

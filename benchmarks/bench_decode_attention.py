@@ -2,7 +2,7 @@
 
 On a GPU (the issue's target: at least 60% of HBM bandwidth at batch 256, contexts 200-2,000):
 
-    python benchmarks/bench_decode_attention.py [--batch 256] [--contexts 200 500 1000 2000]
+    python -m benchmarks.bench_decode_attention [--batch 256] [--contexts 200 500 1000 2000]
         [--heads 32] [--kv-heads 8] [--head-dim 128] [--dtype bfloat16] [--bandwidth-gbs 3350]
         [--sweep] [--out benchmarks/results/decode_attention.json]
 
@@ -22,16 +22,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks import median_kernel_seconds, run_kernel_benchmark
 
 H100_GBS = 3350.0
 BLOCK_SIZE = 16
@@ -103,23 +97,7 @@ def time_launch(case: dict[str, Any], context: int, args: argparse.Namespace, la
             launch=launch,
         )
 
-    run()  # compile
-    times = []
-    if args.device.startswith("cuda"):
-        torch.cuda.synchronize()
-        for _ in range(args.iters):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            run()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-    else:
-        for _ in range(args.iters):
-            begin = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - begin)
-    return statistics.median(times)
+    return median_kernel_seconds(run, args.device, args.iters)
 
 
 def bench(args: argparse.Namespace) -> dict[str, Any]:
@@ -176,19 +154,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the microbenchmark; returns (and writes to ``--out``) its results."""
-    args = parse_args(argv)
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before the kernels are first imported
-    import torch
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("bench_decode_attention.py needs a CUDA GPU (or --device cpu)")
-    result = bench(args)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}", flush=True)
-    return result
+    return run_kernel_benchmark(bench, parse_args(argv), "bench_decode_attention.py")
 
 
 if __name__ == "__main__":

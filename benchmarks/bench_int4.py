@@ -2,7 +2,7 @@
 
 Run by hand (not a test), on a quiet machine:
 
-    .venv/bin/python benchmarks/bench_int4.py [--batches 1 32] [--context 128] [--steps 10]
+    .venv/bin/python -m benchmarks.bench_int4 [--batches 1 32] [--context 128] [--steps 10]
 
 No GPTQ checkpoint of the default model exists offline, so the script first writes one into
 ``--gptq-dir`` (round-to-nearest asymmetric 4-bit, group 64, v1 format: the numbers measured
@@ -34,38 +34,25 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import torch
+from safetensors.torch import load_file, save_file
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks.bench_model_step import BLOCK_SIZE, ours_step, time_interleaved  # noqa: E402
-from server.continuous_batching.engine_config import ModelLoadingConfig  # noqa: E402
-from server.continuous_batching.model import (  # noqa: E402
+from benchmarks.bench_model_step import BLOCK_SIZE, ours_step, time_interleaved
+from harness.gptq_writer import pack_rows
+from server.continuous_batching.engine_config import ModelLoadingConfig
+from server.continuous_batching.model import (
     LlamaForCausalLM,
     build_attention_metadata,
     kv_cache_shape,
 )
-from server.continuous_batching.model.linear import Linear  # noqa: E402
-from server.continuous_batching.model.weights import load_model  # noqa: E402
-from server.continuous_batching.quantization import quant_linear  # noqa: E402
+from server.continuous_batching.model.linear import Linear
+from server.continuous_batching.model.weights import load_model
+from server.continuous_batching.quantization import quant_linear
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_MODEL = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 VARIANTS = ("bf16", "int4", "int4-portable", "int4-dequant")
-
-
-def _pack_rows(codes: torch.Tensor) -> torch.Tensor:
-    """GPTQ packing: int32 row r holds rows 8r..8r+7 of ``codes``, lowest bits first."""
-    arr = codes.numpy().astype(np.uint32)
-    packed = np.zeros((arr.shape[0] // 8, arr.shape[1]), dtype=np.uint32)
-    for j in range(8):
-        packed |= arr[j::8] << np.uint32(4 * j)
-    return torch.from_numpy(packed.view(np.int32))
 
 
 def write_gptq(model_dir: Path, out_dir: Path, group_size: int) -> None:
@@ -85,8 +72,8 @@ def write_gptq(model_dir: Path, out_dir: Path, group_size: int) -> None:
         zeros = torch.round(-xmin / scales.float()).clamp(0, 15)
         codes = (torch.round(groups / scales.float()[:, None]) + zeros[:, None]).clamp(0, 15)
         stored_zeros = (zeros.long() - 1) & 15  # the v1 format stores zero - 1
-        tensors[f"{prefix}.qweight"] = _pack_rows(codes.reshape(in_features, out).long())
-        tensors[f"{prefix}.qzeros"] = _pack_rows(stored_zeros.t().contiguous()).t().contiguous()
+        tensors[f"{prefix}.qweight"] = pack_rows(codes.reshape(in_features, out).long())
+        tensors[f"{prefix}.qzeros"] = pack_rows(stored_zeros.t().contiguous()).t().contiguous()
         tensors[f"{prefix}.scales"] = scales
         tensors[f"{prefix}.g_idx"] = (torch.arange(in_features) // group_size).int()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -182,8 +169,10 @@ def main() -> None:
         write_gptq(args.model, args.gptq_dir, args.group_size)
     rows: dict[str, dict[str, float]] = {}
     for variant in args.variants:
-        child = [sys.executable, __file__, "--variant", variant, *sys.argv[1:]]
-        out = subprocess.run(child, check=True, capture_output=True, text=True).stdout
+        child = [sys.executable, "-m", "benchmarks.bench_int4", "--variant", variant]
+        child += sys.argv[1:]
+        done = subprocess.run(child, cwd=REPO_ROOT, check=True, capture_output=True, text=True)
+        out = done.stdout
         rows[variant] = json.loads(out.strip().splitlines()[-1])
         print(f"{variant}: {rows[variant]}", flush=True)
     speed_cols = [f"tok/s b{b}" for b in args.batches] + [f"prefill {args.prefill}"]

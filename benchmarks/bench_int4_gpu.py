@@ -2,7 +2,7 @@
 
 On a GPU (the issue's target: the 8B int4 decode step at most 0.6x the bf16 one):
 
-    python benchmarks/bench_int4_gpu.py [--shapes 8b] [--rows 1 32 256] [--group-size 128]
+    python -m benchmarks.bench_int4_gpu [--shapes 8b] [--rows 1 32 256] [--group-size 128]
         [--act-order] [--sweep] [--out benchmarks/results/int4_gpu.json]
 
 Per layer shape of the model (q|k|v, o_proj, gate|up, down) and batch rows it times, with CUDA
@@ -18,17 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import statistics
-import sys
-import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks import median_kernel_seconds, run_kernel_benchmark
 
 #: (in, out) of a layer's four matmuls.
 SHAPES: dict[str, dict[str, tuple[int, int]]] = {
@@ -80,24 +75,8 @@ def make_layer(in_features: int, out: int, args: argparse.Namespace):
     return layer, layer.weight().t().contiguous()
 
 
-def _median_seconds(fn, args: argparse.Namespace) -> float:
-    import torch
-
-    fn()
-    times = []
-    for _ in range(args.iters):
-        if args.device.startswith("cuda"):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            begin = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - begin)
-    return statistics.median(times)
+def _median_seconds(fn: Callable[[], Any], args: argparse.Namespace) -> float:
+    return median_kernel_seconds(fn, args.device, args.iters)
 
 
 def _dequant_mm(layer, xs):
@@ -161,19 +140,7 @@ def bench(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Run the microbenchmark; returns (and writes to ``--out``) its results."""
-    args = parse_args(argv)
-    if args.device == "cpu":
-        os.environ["TRITON_INTERPRET"] = "1"  # before the kernel is first imported
-    import torch
-
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        raise SystemExit("bench_int4_gpu.py needs a CUDA GPU (or --device cpu)")
-    result = bench(args)
-    if args.out is not None:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(f"wrote {args.out}", flush=True)
-    return result
+    return run_kernel_benchmark(bench, parse_args(argv), "bench_int4_gpu.py")
 
 
 if __name__ == "__main__":

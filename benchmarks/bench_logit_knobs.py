@@ -2,7 +2,7 @@
 
 Run by hand (not a test), on a quiet machine:
 
-    .venv/bin/python benchmarks/bench_logit_knobs.py [--batches 1 32] [--vocab 49152]
+    .venv/bin/python -m benchmarks.bench_logit_knobs [--batches 1 32] [--vocab 49152]
         [--generated 128] [--steps 200] [--threads 2]
 
 One "step" is one :func:`server.continuous_batching.sampling.draws.sample` call over ``[batch,

@@ -6,25 +6,19 @@ The script times :class:`server.continuous_batching.sampling.sampler.LogitsSampl
 plus ``read_tokens`` (the step's one device-to-host copy, which carries the logprobs too) on random
 logits of the default model's width (49152) at each batch size, and prints the medians as JSON.
 
-Run: ``.venv/bin/python benchmarks/bench_logprobs.py [--batches 1 32] [--steps 40] [--top 5]
+Run: ``.venv/bin/python -m benchmarks.bench_logprobs [--batches 1 32] [--steps 40] [--top 5]
 [--threads 1]``
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from server.continuous_batching.decoding.row_params import RowParams  # noqa: E402
-from server.continuous_batching.sampling.sampler import LogitsSampler  # noqa: E402
+from benchmarks import median_step_ms, step_bench_parser
+from server.continuous_batching.decoding.row_params import RowParams
+from server.continuous_batching.sampling.sampler import LogitsSampler
 
 VOCAB_SIZE = 49152
 
@@ -34,22 +28,18 @@ def _time_steps(num_rows: int, num_steps: int, top: int | None) -> float:
     sampler = LogitsSampler()
     rows = [RowParams(logprobs=top) for _ in range(num_rows)]
     row_index = list(range(num_rows))
-    timings = []
-    for _ in range(num_steps):
-        logits = torch.randn(num_rows, VOCAB_SIZE)
-        start = time.perf_counter()
+
+    def step(_: int, logits: torch.Tensor) -> None:
         handle = sampler.sample(logits, row_index, rows)
         sampler.read_tokens(handle)
         if top is not None:
             sampler.read_logprobs(handle)
-        timings.append(time.perf_counter() - start)
-    return 1000 * statistics.median(timings)
+
+    return median_step_ms(num_steps, lambda _: torch.randn(num_rows, VOCAB_SIZE), step)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--steps", type=int, default=40)
+    parser = step_bench_parser(__doc__.splitlines()[0])
     parser.add_argument("--top", type=int, default=5)
     # On a shared machine torch's thread pool waits for busy cores (some 8 ms an op here
     # while other work ran); one thread measures the ops themselves.

@@ -2,7 +2,7 @@
 
 Run by hand (not a test), on a quiet machine:
 
-    .venv/bin/python benchmarks/bench_model_step.py [--batches 32 64] [--context 200]
+    .venv/bin/python -m benchmarks.bench_model_step [--batches 32 64] [--context 200]
         [--dtypes bfloat16 float32] [--threads 2] [--profile] [--no-hf]
 
 Each configuration times ``--steps`` decode steps of ours and of transformers, alternating

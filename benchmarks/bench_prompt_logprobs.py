@@ -4,7 +4,7 @@ a prompt of ``--prompt-len`` tokens on the CB engine with the default model, sco
 timed alternately in the same process; prints the medians and their ratio as JSON. Neither run
 uses the prefix cache (it is off), so both compute the whole prompt.
 
-Run: ``.venv/bin/python benchmarks/bench_prompt_logprobs.py [--prompt-len 128] [--runs 10]
+Run: ``.venv/bin/python -m benchmarks.bench_prompt_logprobs [--prompt-len 128] [--runs 10]
 [--top 1] [--threads 1]``
 """
 
@@ -13,18 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from protocol.generation import GenerationConfig  # noqa: E402
-from server.continuous_batching.engine import LLMEngine  # noqa: E402
-from server.continuous_batching.engine_config import EngineConfig  # noqa: E402
-from tools.prepare_model import default_model_dir  # noqa: E402
+from protocol.generation import GenerationConfig
+from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.engine_config import EngineConfig
+from tools.prepare_model import default_model_dir
 
 
 def _engine(prompt_len: int, dtype: str) -> LLMEngine:

@@ -1,6 +1,6 @@
 """Micro-benchmark: encoding one streamed chat chunk, pydantic model per event vs ``ChunkEncoder``.
 
-    .venv/bin/python benchmarks/bench_sse_chunks.py --num-events 20000
+    .venv/bin/python -m benchmarks.bench_sse_chunks --num-events 20000
 
 Prints microseconds per event for both ways and their ratio (same process, alternating rounds).
 """
@@ -8,21 +8,15 @@ Prints microseconds per event for both ways and their ratio (same process, alter
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-from protocol.openai_api import (  # noqa: E402
+from protocol.openai_api import (
     ChatCompletionChunk,
     ChatCompletionChunkChoice,
     ChatDelta,
 )
-from utils.sse import ChunkEncoder, encode_event  # noqa: E402
+from utils.sse import ChunkEncoder, encode_event
 
 
 def _per_event_us(encode: Callable[[], bytes], num_events: int) -> float:

@@ -8,27 +8,22 @@ at each batch size, unconstrained and with every row constrained (the matchers a
 a valid JSON answer, so the masks are those of a real generation), and prints the figures and
 their ratio as JSON.
 
-Run: ``.venv/bin/python benchmarks/bench_structured_output.py [--batches 1 32] [--steps 40]``
+Run: ``.venv/bin/python -m benchmarks.bench_structured_output [--batches 1 32] [--steps 40]``
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
+from transformers import AutoTokenizer
 
-import torch  # noqa: E402
-from transformers import AutoTokenizer  # noqa: E402
-
-from server.common.structured_output import GrammarCompiler, OutputConstraint  # noqa: E402
-from server.continuous_batching.decoding.row_params import RowParams  # noqa: E402
-from server.continuous_batching.sampling.draws import sample  # noqa: E402
-from tools.prepare_model import default_model_dir  # noqa: E402
+from benchmarks import median_step_ms, step_bench_parser
+from server.common.structured_output import GrammarCompiler, OutputConstraint
+from server.continuous_batching.decoding.row_params import RowParams
+from server.continuous_batching.sampling.draws import sample
+from tools.prepare_model import default_model_dir
 
 SCHEMA = {
     "type": "object",
@@ -52,21 +47,18 @@ def _time_steps(
         constraint = OutputConstraint.json_schema(SCHEMA)
         matchers = [compiler.matcher(constraint) for _ in range(num_rows)]
     rows = [RowParams(grammar=m) for m in matchers] or [RowParams() for _ in range(num_rows)]
-    timings = []
-    for step in range(min(num_steps, len(tokens))):
-        logits = torch.randn(num_rows, vocab_size)
-        start = time.perf_counter()
+
+    def step(index: int, logits: torch.Tensor) -> None:
         sample(logits, rows)
         for matcher in matchers:  # what the bookkeeping does after the choice
-            matcher.accept(tokens[step])
-        timings.append(time.perf_counter() - start)
-    return 1000 * statistics.median(timings)
+            matcher.accept(tokens[index])
+
+    num_timed = min(num_steps, len(tokens))
+    return median_step_ms(num_timed, lambda _: torch.randn(num_rows, vocab_size), step)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 32])
-    parser.add_argument("--steps", type=int, default=40)
+    parser = step_bench_parser(__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(default_model_dir()))
     args = parser.parse_args()
     tokenizer = AutoTokenizer.from_pretrained(args.model)

@@ -7,34 +7,26 @@ then restarts it and checks that it gets traffic again. Prints (and optionally w
 callers saw: successes, errors, hangs, the gateway's retries and fallbacks, how many attempts
 were in flight on the killed server, and how long the gateway took to mark it down and up.
 
-Run: ``python benchmarks/failover.py --json benchmarks/results/failover.json``
+Run: ``python -m benchmarks.failover --json benchmarks/results/failover.json``
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import os
-import re
-import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-from tools.prepare_model import default_model_dir  # noqa: E402
+from benchmarks import print_report
+from harness.processes import START_TIMEOUT_SECONDS, Deployment
+from harness.waiting import metric_sum
 
 PROMPTS = [
     "What is the capital of France?",
@@ -45,8 +37,6 @@ PROMPTS = [
 ]
 #: Longest wait for any one request: a request that takes longer counts as hung.
 REQUEST_TIMEOUT_SECONDS = 120.0
-#: Longest wait for a process to become ready.
-START_TIMEOUT_SECONDS = 180.0
 
 
 @dataclass
@@ -71,134 +61,6 @@ class FailoverReport:
     num_requests_on_returned_server: int = 0
     heartbeat_interval_seconds: float = 0.0
     duration_seconds: float = 0.0
-
-
-def free_port() -> int:
-    """A port that was free a moment ago on 127.0.0.1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def metric_sum(text: str, name: str, **labels: str) -> float:
-    """Sum of the samples of ``name`` whose labels include ``labels``."""
-    total = 0.0
-    for line in text.splitlines():
-        match = re.match(rf"{name}\{{(.*)\}} (\S+)$", line)
-        if match and all(f'{k}="{v}"' in match.group(1) for k, v in labels.items()):
-            total += float(match.group(2))
-    return total
-
-
-class Deployment:
-    """Server and gateway processes in a temporary folder, stopped together."""
-
-    def __init__(
-        self,
-        folder: Path,
-        heartbeat_interval: float,
-        num_threads: int,
-        num_servers: int = 2,
-        dtype: str = "bfloat16",
-    ) -> None:
-        self.folder = folder
-        self.heartbeat_interval = heartbeat_interval
-        self.num_threads = num_threads
-        self.dtype = dtype
-        self.processes: dict[str, subprocess.Popen[bytes]] = {}
-        self.server_ports = [free_port() for _ in range(num_servers)]
-        self.gateway_port = free_port()
-
-    @property
-    def gateway_url(self) -> str:
-        """The gateway's address."""
-        return f"http://127.0.0.1:{self.gateway_port}"
-
-    def server_url(self, index: int) -> str:
-        """The address of server ``index``."""
-        return f"http://127.0.0.1:{self.server_ports[index]}"
-
-    def _spawn(self, name: str, args: list[str]) -> None:
-        log = open(self.folder / f"{name}.log", "ab")  # noqa: SIM115 (owned by the process)
-        self.processes[name] = subprocess.Popen(
-            [sys.executable, *args], cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT
-        )
-        log.close()
-
-    def start_server(self, index: int) -> None:
-        """Start CB server ``index`` (again, after a kill)."""
-        config = {
-            "model_loading_config": {
-                "model_name_or_path": str(default_model_dir()),
-                "torch_dtype": self.dtype,
-                "num_threads": self.num_threads,
-            },
-            "cache_config": {"memory_budget_gb": 0.25, "num_blocks_cpu": 64},
-        }
-        path = self.folder / f"cb_{index}.json"
-        path.write_text(json.dumps(config))
-        args = ["continuous_batching_server_app.py", "--config", str(path)]
-        self._spawn(f"cb_{index}", [*args, "--port", str(self.server_ports[index])])
-
-    def start_gateway(self) -> None:
-        """Start the gateway over every server."""
-        config = {
-            "continuous_batching_server_urls": [
-                self.server_url(i) for i in range(len(self.server_ports))
-            ],
-            "heart_beat_interval_seconds": self.heartbeat_interval,
-            "num_failures_to_mark_down": 2,
-            "health_timeout_seconds": 1,
-            "connect_timeout_seconds": 1,
-            "request_timeout_seconds": 60,
-        }
-        path = self.folder / "client.json"
-        path.write_text(json.dumps(config))
-        args = ["client_app.py", "--config", str(path), "--log-level", "warning"]
-        self._spawn("gateway", [*args, "--port", str(self.gateway_port)])
-
-    def kill(self, name: str) -> None:
-        """SIGKILL a process: no clean-up, connections reset, like a crash."""
-        process = self.processes[name]
-        os.kill(process.pid, signal.SIGKILL)
-        process.wait(10)
-
-    def stop(self) -> None:
-        """Terminate every process (kill those that do not exit in time)."""
-        for process in self.processes.values():
-            if process.poll() is None:
-                process.terminate()
-        for process in self.processes.values():
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-
-    def check_alive(self) -> None:
-        """Raise with the log's tail if a process exited unexpectedly."""
-        for name, process in self.processes.items():
-            if process.poll() is not None and process.returncode != -signal.SIGKILL:
-                tail = (self.folder / f"{name}.log").read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{name} exited with code {process.returncode}:\n{tail}")
-
-
-async def wait_until(
-    client: httpx.AsyncClient, deployment: Deployment, predicate: Any, what: str
-) -> float:
-    """Poll the gateway's /backends until ``predicate(rows)``; returns the seconds it took."""
-    start = time.monotonic()
-    while True:
-        deployment.check_alive()
-        try:
-            response = await client.get(f"{deployment.gateway_url}/backends", timeout=5)
-            if response.status_code == 200 and predicate(response.json()["backends"]):
-                return time.monotonic() - start
-        except httpx.HTTPError:
-            pass
-        if time.monotonic() - start > START_TIMEOUT_SECONDS:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def one_request(client: httpx.AsyncClient, base: str, index: int, max_tokens: int) -> str:
@@ -239,20 +101,12 @@ async def run_failover(
     kill_after = num_requests // 2 if kill_after is None else kill_after
     report = FailoverReport(num_requests, heartbeat_interval_seconds=heartbeat_interval)
     with tempfile.TemporaryDirectory(prefix="failover-") as folder:
-        deployment = Deployment(Path(folder), heartbeat_interval, num_threads)
+        deployment = Deployment(Path(folder), heartbeat_interval, num_threads, num_servers=2)
         timeout = httpx.Timeout(REQUEST_TIMEOUT_SECONDS, connect=5)
         limits = httpx.Limits(max_connections=concurrency + 8)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             try:
-                for index in (0, 1):
-                    deployment.start_server(index)
-                deployment.start_gateway()
-                await wait_until(
-                    client,
-                    deployment,
-                    lambda rows: all(row["is_healthy"] for row in rows),
-                    "both servers to be healthy",
-                )
+                await deployment.start_all(client)
                 await _load_with_kill(
                     client, deployment, report, concurrency, max_tokens, kill_after
                 )
@@ -289,9 +143,8 @@ async def _load_with_kill(
         rows = (await client.get(f"{base}/backends")).json()["backends"]
         report.num_in_flight_at_kill = next(r["num_in_flight"] for r in rows if r["url"] == victim)
         deployment.kill("cb_0")
-        report.seconds_to_mark_down = await wait_until(
+        report.seconds_to_mark_down = await deployment.wait_backends(
             client,
-            deployment,
             lambda rows: not next(r for r in rows if r["url"] == victim)["is_healthy"],
             "the killed server to be marked down",
         )
@@ -324,8 +177,8 @@ async def _server_returns(
         return next(row for row in rows if row["url"] == victim)
 
     deployment.start_server(0)
-    report.seconds_to_mark_up = await wait_until(
-        client, deployment, lambda rows: victim_row(rows)["is_healthy"], "the server to return"
+    report.seconds_to_mark_up = await deployment.wait_backends(
+        client, lambda rows: victim_row(rows)["is_healthy"], "the server to return"
     )
     before = victim_row((await client.get(f"{base}/backends")).json()["backends"])["num_requests"]
     await asyncio.gather(*(one_request(client, base, i, max_tokens) for i in range(1, 21, 2)))
@@ -353,22 +206,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the scenario and print the report."""
-    args = parse_args(argv)
-    report = asyncio.run(
-        run_failover(
-            args.num_requests,
-            args.concurrency,
-            args.max_tokens,
-            args.kill_after,
-            args.heartbeat_interval,
-            args.num_threads,
-        )
-    )
-    text = json.dumps(asdict(report), indent=2)
-    print(text)
-    if args.json is not None:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    options = vars(parse_args(argv))  # named as run_failover's parameters
+    path = options.pop("json")
+    print_report(asyncio.run(run_failover(**options)), path)
     return 0
 
 

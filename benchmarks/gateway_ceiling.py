@@ -1,13 +1,13 @@
 """One gateway process's ceiling: requests/s it relays when the model server costs nothing.
 
-Starts a fake model server process (``tests.multihost.fake_host``: instant answers, ``--events``
+Starts a fake model server process (``harness.fake_server``: instant answers, ``--events``
 SSE chunks per streamed chat, no delay) and a gateway process over it, then sends streaming
 chats from ``--concurrency`` callers for ``--seconds`` per level. Besides requests/s and
 latency, it reads the gateway process's CPU time (``/proc/<pid>/stat``) around each level:
 CPU seconds per request is what decides the ceiling of a one-process gateway (one event loop
 on one core), and it holds up better than requests/s on a machine whose cores are shared.
 
-Run: ``python benchmarks/gateway_ceiling.py --json benchmarks/results/gateway_ceiling.json``
+Run: ``python -m benchmarks.gateway_ceiling --json benchmarks/results/gateway_ceiling.json``
 """
 
 from __future__ import annotations
@@ -16,9 +16,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,15 +25,12 @@ from typing import Any
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from harness.fake_server import fake_servers_args
+from harness.network import free_port
+from harness.processes import Deployment
+from harness.waiting import wait_until
+
 MODEL = "fake-model"
-
-
-def free_port() -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def cpu_seconds(pid: int) -> float:
@@ -98,37 +93,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, default=8, help="SSE chunks per answer")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    folder = Path(tempfile.mkdtemp(prefix="gateway_ceiling_"))
-    server_port, gateway_port = free_port(), free_port()
-    config = folder / "client.json"
-    config.write_text(
-        json.dumps(
-            {
-                "continuous_batching_server_urls": [f"http://127.0.0.1:{server_port}"],
-                "heart_beat_interval_seconds": 10,
-                "config_watch_interval_seconds": 0,
-            }
-        )
-    )
-    fake_args = ["-m", "tests.multihost.fake_host", "--host", "127.0.0.1"]
-    fake_args += ["--port", str(server_port), "--name", "f", "--model", MODEL]
-    fake_args += ["--events", str(args.events), "--delay", "0"]
-    gateway_args = ["client_app.py", "--config", str(config), "--port", str(gateway_port)]
-    with (folder / "processes.log").open("wb") as log:
-        processes = [
-            subprocess.Popen([sys.executable, *command], cwd=REPO_ROOT, stdout=log, stderr=log)
-            for command in (fake_args, [*gateway_args, "--log-level", "warning"])
-        ]
-    gateway = processes[1]
-    base = f"http://127.0.0.1:{gateway_port}"
+    deployment = Deployment(Path(tempfile.mkdtemp(prefix="gateway_ceiling_")), num_servers=0)
+    server_port = free_port()
+    fake = {"name": "f", "model_id": MODEL, "kind": "continuous_batching"}
+    fake.update(num_stream_events=args.events, stream_delay_seconds=0)
+    deployment.spawn("fake", fake_servers_args("127.0.0.1", {server_port: fake}))
+    config = {
+        "continuous_batching_server_urls": [f"http://127.0.0.1:{server_port}"],
+        "heart_beat_interval_seconds": 10,
+        "config_watch_interval_seconds": 0,
+    }
+    deployment.start_gateway(config)
+    gateway, base = deployment.processes["gateway"], deployment.gateway_url
     try:
-        for _ in range(300):
-            try:
-                if MODEL in httpx.get(f"{base}/v1/models", timeout=1, trust_env=False).text:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_until(
+            lambda: MODEL in httpx.get(f"{base}/v1/models", timeout=1, trust_env=False).text,
+            30,
+            interval=0.1,
+            ignoring=(httpx.HTTPError,),
+            alive=deployment.check_alive,
+            message="the gateway to route the fake model",
+        )
         asyncio.run(run_level(base, 4, 1.0))  # warm-up: connections, code paths
         levels = []
         for concurrency in args.concurrency:
@@ -145,9 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             levels.append(level)
             print(json.dumps(level), flush=True)
     finally:
-        for process in processes:
-            process.terminate()
-            process.wait(timeout=10)
+        deployment.stop(timeout=10)
     result = {"events_per_answer": args.events, "cpu_cores": os.cpu_count(), "levels": levels}
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")

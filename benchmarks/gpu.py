@@ -3,14 +3,14 @@
 Run on a GPU machine from a plain checkout (no install needed; the default tokenizer folder
 ``models/SmolLM2-135M-Instruct`` must be there, ``make model`` or the device tool's ``carry``):
 
-    python benchmarks/gpu.py [--shapes 1b 8b] [--batches 1 32 256] [--prompt-len 128]
+    python -m benchmarks.gpu [--shapes 1b 8b] [--batches 1 32 256] [--prompt-len 128]
         [--new-tokens 128] [--decode-steps 50] [--dtype bfloat16]
         [--systems engine hf-compile] [--enforce-eager] [--bandwidth-gbs 3350]
         [--out benchmarks/results/gpu.json]
 
 and on a CPU as a smoke test (what ``tests/benchmarks/test_gpu_benchmark.py`` runs):
 
-    python benchmarks/gpu.py --shape tiny --device cpu --batches 2 --new-tokens 4 ...
+    python -m benchmarks.gpu --shape tiny --device cpu --batches 2 --new-tokens 4 ...
 
 For each shape a random-initialised llama checkpoint is written to a temporary folder (no
 download; the vocabulary is the default tokenizer's), then, one system after the other in this
@@ -43,28 +43,29 @@ message says it was skipped).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
+
+from benchmarks.gpu_report import SYSTEMS, plot, ratios
+from benchmarks.gpu_transformers import (
+    VOCAB_SIZE,
+    bench_hf,
+    free_memory,
+    random_prompts,
+    report_row,
+    sync,
+    timed,
+)
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-
-import torch  # noqa: E402
-
 DEFAULT_TOKENIZER = REPO_ROOT / "models" / "SmolLM2-135M-Instruct"
-VOCAB_SIZE = 49152
 #: Llama shapes by name (the vocabulary is the default tokenizer's).
 SHAPES: dict[str, dict[str, int]] = {
     "tiny": {  # CPU smoke test only
@@ -96,7 +97,6 @@ SHAPES: dict[str, dict[str, int]] = {
         "intermediate_size": 14336,
     },
 }
-SYSTEMS = ("engine", "hf-compile", "hf-static", "hf")
 #: HBM bandwidth of an H100 SXM (GB/s), the default of ``--bandwidth-gbs``.
 H100_GBS = 3350.0
 BLOCK_SIZE = 16
@@ -123,7 +123,7 @@ def build_checkpoint(
     model.save_pretrained(folder)
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     del model
-    _free_memory(device)
+    free_memory(device)
     return folder, weight_bytes
 
 
@@ -139,32 +139,6 @@ def bandwidth_floor_ms(
 ) -> float:
     """The least time a decode step can take: every weight and cached K/V read once."""
     return (weight_bytes + kv_bytes_per_token * batch * context) / (gbs * 1e9) * 1e3
-
-
-def random_prompts(batch: int, length: int) -> list[list[int]]:
-    """``batch`` prompts of ``length`` random token ids (seeded by the batch)."""
-    gen = torch.Generator().manual_seed(batch)
-    return torch.randint(100, VOCAB_SIZE, (batch, length), generator=gen).tolist()
-
-
-def _sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def _free_memory(device: str) -> None:
-    gc.collect()
-    if device.startswith("cuda"):
-        torch.cuda.empty_cache()
-
-
-def timed(fn: Callable[[], object], device: str) -> float:
-    """Seconds of one call, the device's queue drained before and after."""
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
 
 
 # -- the engine -----------------------------------------------------------------------------
@@ -225,7 +199,7 @@ class EngineBench:
     def close(self) -> None:
         """Free the model, pools and graphs before transformers loads."""
         del self.engine, self.runner
-        _free_memory(self.device)
+        free_memory(self.device)
 
     def generate(self, prompts: list[list[int]], new_tokens: int) -> None:
         """Every prompt to ``new_tokens`` greedy tokens, EOS ignored."""
@@ -256,10 +230,10 @@ class EngineBench:
         times, host = [], []
         for _ in range(args.decode_steps):
             self.wait_seconds = 0.0
-            _sync(self.device)
+            sync(self.device)
             start = time.perf_counter()
             self.engine.step()
-            _sync(self.device)
+            sync(self.device)
             elapsed = time.perf_counter() - start
             times.append(elapsed)
             host.append(elapsed - self.wait_seconds)
@@ -301,99 +275,13 @@ def bench_engine(
                 "bandwidth_floor_ms": floor(batch, steady["mean_context"]),
             }
             rows.append(row)
-            _report(row)
+            report_row(row)
     finally:
         bench.close()
     return rows
 
 
-# -- transformers ---------------------------------------------------------------------------
-
-
-def hf_model(path: Path, args: argparse.Namespace, system: str) -> Any:
-    """transformers' model, set up for ``system`` (static cache for all but plain ``hf``;
-    compiled by generate itself for ``hf-compile``, never wrapped in torch.compile here)."""
-    from transformers import AutoModelForCausalLM
-
-    dtype = getattr(torch, args.dtype)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, device_map=args.device)
-    model.eval()
-    if system != "hf":
-        model.generation_config.cache_implementation = "static"
-    model.generation_config.disable_compile = system != "hf-compile"
-    return model
-
-
-def run_hf(model: Any, prompts: list[list[int]], new_tokens: int) -> None:
-    """One greedy ``generate`` over the whole batch, exactly ``new_tokens`` each."""
-    ids = torch.tensor(prompts, device=model.device)
-    with torch.inference_mode():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
-        )
-    if out.shape[1] != ids.shape[1] + new_tokens:
-        raise RuntimeError(f"transformers made {out.shape[1] - ids.shape[1]} tokens")
-
-
-def measure_hf(model: Any, batch: int, args: argparse.Namespace) -> dict[str, float]:
-    """End-to-end tok/s and the decode step of one batch (after a warm-up)."""
-    prompts = random_prompts(batch, args.prompt_len)
-    run_hf(model, prompts, 2)  # warm-up: compiled, graphs captured, cache allocated
-    total = timed(lambda: run_hf(model, prompts, args.new_tokens), args.device)
-    first = timed(lambda: run_hf(model, prompts, 1), args.device)
-    step_ms = (total - first) / max(1, args.new_tokens - 1) * 1e3
-    return {"tok_s": batch * args.new_tokens / total, "seconds": total, "decode_step_ms": step_ms}
-
-
-def bench_hf(
-    path: Path, args: argparse.Namespace, system: str, floor: Callable[[int, float], float]
-) -> list[dict[str, Any]]:
-    """transformers' rows for ``system``, one per batch. ``hf-compile`` falls back to the
-    static cache without compile, for this and the later batches, if compiling fails."""
-    model = hf_model(path, args, system)
-    compiled = system == "hf-compile" and args.device.startswith("cuda")
-    fallback: str | None = None
-    rows = []
-    context = args.prompt_len + args.new_tokens / 2
-    try:
-        for batch in args.batches:
-            try:
-                result = measure_hf(model, batch, args)
-            except Exception as exc:  # noqa: BLE001 - any compile/graph failure falls back
-                if not compiled:
-                    raise
-                fallback = f"{type(exc).__name__}: {str(exc)[:400]}"
-                print(
-                    f"hf-compile failed at batch {batch} ({fallback}); falling back to the "
-                    "static cache WITHOUT compile for this and the later batches",
-                    flush=True,
-                )
-                compiled = False
-                model.generation_config.disable_compile = True
-                torch._dynamo.reset()
-                result = measure_hf(model, batch, args)
-            row = {"system": system, "batch": batch, **result, "compiled": compiled}
-            if fallback:
-                row["fallback"] = f"static cache without compile after: {fallback}"
-            row["bandwidth_floor_ms"] = floor(batch, context)
-            rows.append(row)
-            _report(row)
-    finally:
-        del model
-        torch._dynamo.reset()
-        _free_memory(args.device)
-    return rows
-
-
 # -- driver ---------------------------------------------------------------------------------
-
-
-def _report(row: dict[str, Any]) -> None:
-    print(json.dumps(row), flush=True)
 
 
 def bench_shape(shape: str, args: argparse.Namespace, folder: Path) -> list[dict[str, Any]]:
@@ -417,70 +305,6 @@ def bench_shape(shape: str, args: argparse.Namespace, folder: Path) -> list[dict
         row["weight_bytes"] = weight_bytes
         row["floor_ratio"] = row["decode_step_ms"] / row["bandwidth_floor_ms"]
     return rows
-
-
-def ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Engine tok/s over each transformers system's, per shape and batch."""
-    out = []
-    engine = {(r["shape"], r["batch"]): r for r in rows if r["system"] == "engine"}
-    for r in rows:
-        mine = engine.get((r["shape"], r["batch"]))
-        if r["system"] != "engine" and mine is not None:
-            out.append(
-                {
-                    "shape": r["shape"],
-                    "batch": r["batch"],
-                    "versus": r["system"],
-                    "tok_s_ratio": mine["tok_s"] / r["tok_s"],
-                    "decode_step_ratio": r["decode_step_ms"] / mine["decode_step_ms"],
-                }
-            )
-    return out
-
-
-def plot(rows: list[dict[str, Any]], path: Path) -> bool:
-    """tok/s and decode step (beside the floor) per shape, batch and system; False (with a
-    message) when matplotlib is not installed."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("matplotlib is not installed: plot skipped", flush=True)
-        return False
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    shapes = sorted({str(r["shape"]) for r in rows})
-    fig, axes = plt.subplots(2, len(shapes), figsize=(6 * len(shapes), 8), squeeze=False)
-    for col, shape in enumerate(shapes):
-        mine = [r for r in rows if r["shape"] == shape]
-        batches = sorted({int(r["batch"]) for r in mine})
-        systems = [s for s in SYSTEMS if any(r["system"] == s for r in mine)]
-        for ax, key, label in (
-            (axes[0][col], "tok_s", "output tok/s"),
-            (axes[1][col], "decode_step_ms", "decode step (ms)"),
-        ):
-            series = [
-                (s, {int(r["batch"]): r.get(key) for r in mine if r["system"] == s})
-                for s in systems
-            ]
-            if key == "decode_step_ms":  # the floor is the same for every system
-                series.append(
-                    ("bandwidth floor", {int(r["batch"]): r["bandwidth_floor_ms"] for r in mine})
-                )
-            width = 0.8 / max(1, len(series))
-            for i, (name, by_batch) in enumerate(series):
-                xs = [j + i * width for j in range(len(batches))]
-                ax.bar(xs, [float(by_batch.get(b) or 0.0) for b in batches], width, label=name)
-            ax.set_xticks([j + width * (len(series) - 1) / 2 for j in range(len(batches))])
-            ax.set_xticklabels([str(b) for b in batches])
-            ax.set_xlabel("batch")
-            ax.set_ylabel(label)
-            ax.set_title(f"llama {shape}")
-            ax.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return True
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -4,7 +4,7 @@ request failing or answering differently, KV blocks not freed) and secrets found
 
 Start the deployment first (``benchmarks/probe_deploy.sh up REPO RUN_DIR``), then::
 
-    .venv/bin/python benchmarks/probe_bad_clients.py --run-dir RUN_DIR
+    .venv/bin/python -m benchmarks.probe_bad_clients --run-dir RUN_DIR
 
 Kept cheap for a shared 2-core machine: short prompts, a few new tokens, about 1.5 minutes.
 """
@@ -21,16 +21,15 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from probe_cases import Case, Tally, auth_cases, bad_request_cases  # noqa: E402
-from probe_load import (  # noqa: E402
+from benchmarks.probe_cases import Case, Tally, auth_cases, bad_request_cases
+from benchmarks.probe_load import (
     Canary,
     abandoned_streams,
     complete,
     overload,
     silent_wrong_answer,
 )
-from probe_slow import hold_slow_clients  # noqa: E402
+from benchmarks.probe_slow import hold_slow_clients
 
 CALLER_KEY = "probe-caller-key-5b1f"
 SECRETS = ("sk-probe-SECRET-7d3e9a51c0ffee", CALLER_KEY)
@@ -185,19 +184,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gateway", default="http://127.0.0.1:18400")
     parser.add_argument("--server", default="http://127.0.0.1:18401", help="the CB server")
     parser.add_argument("--run-dir", type=Path, help="the deployment's run folder (its logs)")
-    parser.add_argument(
-        "--hold-seconds",
-        type=float,
-        default=40.0,
-        help="how long slow clients are held before they count as hangs",
-    )
+    hold_help = "how long slow clients are held before they count as hangs"
+    parser.add_argument("--hold-seconds", type=float, default=40.0, help=hold_help)
     parser.add_argument("--num-idle", type=int, default=50, help="idle connections per app")
-    parser.add_argument(
-        "--num-slow",
-        type=int,
-        default=3,
-        help="byte-a-second header and body clients per app (each)",
-    )
+    slow_help = "byte-a-second header and body clients per app (each)"
+    parser.add_argument("--num-slow", type=int, default=3, help=slow_help)
     parser.add_argument("--overload", type=int, default=100, help="concurrent requests")
     parser.add_argument("--streams", type=int, default=30, help="streams, 40%% abandoned")
     parser.add_argument("--json", type=Path, help="write the tallies here")

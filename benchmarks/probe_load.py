@@ -7,7 +7,8 @@ from __future__ import annotations
 import asyncio
 
 import httpx
-from probe_cases import MODEL, Tally
+
+from benchmarks.probe_cases import MODEL, Tally
 
 
 async def complete(http: httpx.AsyncClient, prompt: str, **extra: object) -> tuple[int, str]:

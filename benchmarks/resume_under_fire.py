@@ -10,7 +10,7 @@ server 1 some seconds later. The gateway resumes every broken stream on a surviv
 is identical to the undisturbed answer, different, ended with an error event, or hung; and
 from the gateway's metrics: streams resumed by cause.
 
-Run: ``python benchmarks/resume_under_fire.py [--num-streams 200] [--json FILE]``
+Run: ``python -m benchmarks.resume_under_fire [--num-streams 200] [--json FILE]``
 """
 
 from __future__ import annotations
@@ -18,35 +18,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make the project importable
-    sys.path.insert(0, str(REPO_ROOT))
+from benchmarks import print_report
+from harness.processes import RESUME_PROMPTS as PROMPTS
+from harness.processes import Deployment
+from harness.waiting import metric_sum
 
-from benchmarks.failover import (  # noqa: E402
-    Deployment,
-    metric_sum,
-    wait_until,
-)
-
-PROMPTS = [
-    "The capital of France is",
-    "Once upon a time, in a land far away,",
-    "The three primary colors are",
-    "def fibonacci(n):",
-    "In 1969, humans",
-    "Rain is",
-    "My favourite food is",
-    "The quick brown fox",
-]
 REQUEST_TIMEOUT_SECONDS = 180.0
 
 
@@ -119,25 +103,11 @@ async def run_resume(
         limits = httpx.Limits(max_connections=num_streams + 8)
         async with httpx.AsyncClient(timeout=timeout, limits=limits, trust_env=False) as client:
             try:
-                await start_deployment(client, deployment)
+                await deployment.start_all(client)
                 await _run(client, deployment, report, max_tokens, is_seeded, first_kill_after)
             finally:
                 deployment.stop()
     return report
-
-
-async def start_deployment(client: httpx.AsyncClient, deployment: Deployment) -> None:
-    """Start every server of ``deployment`` and its gateway; wait until all are healthy."""
-    num_servers = len(deployment.server_ports)
-    for index in range(num_servers):
-        deployment.start_server(index)
-    deployment.start_gateway()
-    await wait_until(
-        client,
-        deployment,
-        lambda rows: len(rows) == num_servers and all(row["is_healthy"] for row in rows),
-        "the servers to be healthy",
-    )
 
 
 async def _run(
@@ -196,27 +166,18 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=48, help="default: %(default)s")
     parser.add_argument("--first-kill-after", type=float, default=2.0, help="seconds")
     parser.add_argument("--seconds-between-kills", type=float, default=2.0)
-    parser.add_argument("--seeded", action="store_true", help="half the streams sample, seeded")
+    seeded_help = "half the streams sample, seeded"
+    parser.add_argument("--seeded", action="store_true", dest="is_seeded", help=seeded_help)
     parser.add_argument("--json", type=Path, default=None, help="write the report here")
     return parser.parse_args(argv)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run and print the report; exit 1 if a stream was lost, wrong or hung."""
-    args = parse_args(argv)
-    report = asyncio.run(
-        run_resume(
-            args.num_streams,
-            args.max_tokens,
-            args.first_kill_after,
-            args.seconds_between_kills,
-            args.seeded,
-        )
-    )
-    text = json.dumps(asdict(report), indent=2)
-    print(text)
-    if args.json:
-        args.json.write_text(text + "\n")
+    options = vars(parse_args(argv))  # named as run_resume's parameters
+    path = options.pop("json")
+    report = asyncio.run(run_resume(**options))
+    print_report(report, path)
     is_whole = report.num_identical == report.num_streams
     return 0 if is_whole else 1
 

@@ -1,7 +1,7 @@
 """Serve the gateway or the CB server in the foreground with an explicit uvicorn event loop and
 HTTP parser, for A/B runs of the serving stack (``benchmarks/serving_cpu.sh``)::
 
-    .venv/bin/python benchmarks/run_app_with_loop.py cb configs/cb_server_config.json 18001 \\
+    .venv/bin/python -m benchmarks.run_app_with_loop cb configs/cb_server_config.json 18001 \\
         asyncio h11
 
 The apps' own entry points serve with uvloop and ``utils.http_protocol``'s hardened httptools
@@ -12,12 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
-
-REPO_ROOT = Path.cwd()
-if str(REPO_ROOT) not in sys.path:  # the checkout in the working directory is the one served
-    sys.path.insert(0, str(REPO_ROOT))
 
 
 def main() -> None:

@@ -8,7 +8,7 @@ Every request streams; one chunk at a time is timed as it arrives. Reports throu
 mean/p50/p90/p99 of TTFT (time to first non-empty content), TPOT ((e2e - ttft) / (tokens - 1)),
 ITL (gap between content chunks) and E2E latency, in ms. Example::
 
-    .venv/bin/python benchmarks/serving.py --base-url http://127.0.0.1:8001/v1 --rate 4 \\
+    .venv/bin/python -m benchmarks.serving --base-url http://127.0.0.1:8001/v1 --rate 4 \\
         --ignore-eos --label cb --json benchmarks/results/serving_cb_rate4.json \\
         --plot benchmarks/results/serving_cb_rate4.png
 """
@@ -19,9 +19,7 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -31,20 +29,14 @@ from typing import Any
 import httpx
 import numpy as np
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import (  # noqa: E402
+from benchmarks import (
     load_average,
     run_environment,
     save_figure,
     wait_for_quiet_machine,
 )
-from benchmarks.workloads import Messages, chat_messages  # noqa: E402
-from utils.sse import DONE, iter_sse_data  # noqa: E402
+from benchmarks.workloads import Messages, chat_messages
+from utils.sse import DONE, iter_sse_data
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 

@@ -8,7 +8,8 @@
 # Ports 18001 (server) and 18000 (gateway); the gateway config is written to OUT_ROOT.
 set -u
 LABEL=$1; LOOP=$2; HTTP=$3; RATE=$4; NUM_REQUESTS=${5:-32}; OUT_ROOT=${6:-/tmp/serving_cpu}
-RUNNER=$(dirname "$(readlink -f "$0")")/run_app_with_loop.py
+# Modules of the checkout in the working directory (the one served and measured).
+RUNNER=(-m benchmarks.run_app_with_loop)
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 OUT=$OUT_ROOT/$LABEL; mkdir -p "$OUT"
 PY=.venv/bin/python
@@ -19,16 +20,16 @@ config.update(continuous_batching_server_urls=["http://127.0.0.1:18001"],
               static_batching_server_urls=[], openai_jumper_configs=[])
 json.dump(config, open(sys.argv[1], "w"), indent=1)
 PYEOF
-$PY "$RUNNER" cb configs/cb_server_config.json 18001 "$LOOP" "$HTTP" > "$OUT/cb.log" 2>&1 &
+$PY "${RUNNER[@]}" cb configs/cb_server_config.json 18001 "$LOOP" "$HTTP" > "$OUT/cb.log" 2>&1 &
 CB=$!
-$PY "$RUNNER" gateway "$OUT_ROOT/gateway.json" 18000 "$LOOP" "$HTTP" > "$OUT/gw.log" 2>&1 &
+$PY "${RUNNER[@]}" gateway "$OUT_ROOT/gateway.json" 18000 "$LOOP" "$HTTP" > "$OUT/gw.log" 2>&1 &
 GW=$!
 trap 'kill $GW $CB 2>/dev/null' EXIT
 for _ in $(seq 300); do
   curl -sf http://127.0.0.1:18001/health >/dev/null && curl -sf http://127.0.0.1:18000/health >/dev/null && break
   sleep 1  # start-up only: waiting for the model to load
 done
-BENCH=(benchmarks/serving.py --base-url http://127.0.0.1:18000/v1 --ignore-eos)
+BENCH=(-m benchmarks.serving --base-url http://127.0.0.1:18000/v1 --ignore-eos)
 "$PY" "${BENCH[@]}" --rate inf --num-requests 4 --max-tokens 16 > "$OUT/warmup.txt" 2>&1
 cpu() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 g0=$(cpu $GW); c0=$(cpu $CB); m0=$(cpu $CB/task/$CB); t0=$(date +%s.%N)

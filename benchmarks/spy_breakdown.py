@@ -1,6 +1,6 @@
 """Split py-spy raw profiles of the serving stack into layers, per streamed token.
 
-    .venv/bin/python benchmarks/spy_breakdown.py /tmp/serving_cpu/after_r2
+    .venv/bin/python -m benchmarks.spy_breakdown /tmp/serving_cpu/after_r2
 
 reads ``gw.raw``, ``cb.raw`` and ``cpu.json`` written by ``benchmarks/serving_cpu.sh`` and
 prints, for each layer, the sampled Python thread time per streamed token (py-spy samples at

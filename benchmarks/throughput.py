@@ -6,7 +6,7 @@ requests (in workload order) for the batch's largest budget, so the rows that ne
 produce padding; its tokens/s counts only *useful* tokens (each request's own budget). The
 engine gets every request at once and is stepped until all are done. Example::
 
-    .venv/bin/python benchmarks/throughput.py --workload uniform --dtype bfloat16 \\
+    .venv/bin/python -m benchmarks.throughput --workload uniform --dtype bfloat16 \\
         --json benchmarks/results/throughput_uniform_bfloat16.json \\
         --plot benchmarks/results/throughput_uniform_bfloat16.png --wait-for-load 0.5
 """
@@ -17,24 +17,16 @@ import argparse
 import dataclasses
 import hashlib
 import json
-import os
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # run as a script: make ``benchmarks`` importable
-    sys.path.insert(0, str(REPO_ROOT))
+import torch
+import transformers
 
-import torch  # noqa: E402
-import transformers  # noqa: E402
-
-from benchmarks import (  # noqa: E402
+from benchmarks import (
     load_average,
     run_environment,
     save_figure,
@@ -42,15 +34,16 @@ from benchmarks import (  # noqa: E402
     wait_for_quiet_machine,
     write_json,
 )
-from benchmarks.workloads import WORKLOADS, Request, build_workload, render_chat  # noqa: E402
-from protocol.generation import GenerationConfig  # noqa: E402
-from server.common.backend import SequenceRequest  # noqa: E402
-from server.continuous_batching.engine import LLMEngine  # noqa: E402
-from server.continuous_batching.engine_config import EngineConfig  # noqa: E402
-from server.continuous_batching.runner import model_runner  # noqa: E402
-from server.continuous_batching.scheduling.scheduler import SchedulerOutput  # noqa: E402
-from tools.prepare_model import ensure_default_model  # noqa: E402
+from benchmarks.workloads import WORKLOADS, Request, build_workload, render_chat
+from protocol.generation import GenerationConfig
+from server.common.backend import SequenceRequest
+from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.engine_config import EngineConfig
+from server.continuous_batching.runner import model_runner
+from server.continuous_batching.scheduling.scheduler import SchedulerOutput
+from tools.prepare_model import ensure_default_model
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 #: Keys of one side, ``null`` in the JSON when that side is skipped.
 OPTIONAL_KEYS = ("engine_tokens_per_s", "engine_seconds", "engine_stats")

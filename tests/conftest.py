@@ -16,6 +16,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+from harness.servers import ServerThread, gateway_served, served  # noqa: E402
 from server.common.app import create_server_app  # noqa: E402
 from server.common.service import ServingSettings  # noqa: E402
 from server.continuous_batching.runner.model_runner import ModelRunner  # noqa: E402
@@ -23,7 +24,6 @@ from server.static_batching.backend import StaticBatchingBackend, load_model  # 
 from server.static_batching.config import SBServerConfig  # noqa: E402
 from server.static_batching.worker import LoadedModel  # noqa: E402
 from tests.support.default_model import engine_config  # noqa: E402
-from tests.support.servers import ServerThread, start_gateway  # noqa: E402
 from tools.prepare_model import ensure_default_model  # noqa: E402
 
 
@@ -54,9 +54,7 @@ def sb_server(default_model_path: Path, sb_model: LoadedModel) -> Iterator[Serve
     config = sb_config(default_model_path)
     backend = StaticBatchingBackend(config, loaded=sb_model)
     settings = ServingSettings(served_model_names=[backend.model_id], default_max_new_tokens=64)
-    server = ServerThread(create_server_app(backend, settings)).start(timeout_seconds=60)
-    yield server
-    server.stop()
+    yield from served(create_server_app(backend, settings), timeout_seconds=60)
 
 
 @pytest.fixture(scope="session")
@@ -64,11 +62,8 @@ def sb_gateway(
     tmp_path_factory: pytest.TempPathFactory, sb_server: ServerThread
 ) -> Iterator[ServerThread]:
     """A real gateway in front of ``sb_server``."""
-    gateway = start_gateway(
-        tmp_path_factory.mktemp("gateway"), static_batching_server_urls=[sb_server.url]
-    )
-    yield gateway
-    gateway.stop()
+    folder = tmp_path_factory.mktemp("gateway")
+    yield from gateway_served(folder, static_batching_server_urls=[sb_server.url])
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from benchmarks import serving
+from harness.servers import ServerThread
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
 
 STATS = {"mean", "p50", "p90", "p99"}
 TOP_KEYS = {

@@ -5,7 +5,6 @@ transformers' static-cache path) that writes its JSON and plot."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -13,8 +12,7 @@ import pytest
 import torch
 
 from benchmarks import gpu
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.benchmarks.runs import run_benchmark
 
 
 def test_defaults() -> None:
@@ -77,21 +75,15 @@ def test_refuses_without_cuda() -> None:
 
 
 def test_tiny_shape_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
-    """The whole benchmark as a script from the checkout (not installed: it puts the repo on
-    sys.path itself), run from another directory: both systems, two batches, JSON and plot."""
+    """The whole benchmark as a module from the checkout (not installed, no PYTHONPATH): both
+    systems, two batches, JSON and plot."""
     out = tmp_path / "gpu.json"
-    command = [
-        sys.executable,
-        str(REPO_ROOT / "benchmarks" / "gpu.py"),
+    run_benchmark(
+        "gpu",
         *("--shape", "tiny", "--device", "cpu", "--dtype", "float32"),
         *("--batches", "1", "3", "--prompt-len", "8", "--new-tokens", "5"),
         *("--decode-steps", "2", "--systems", "engine", "hf-compile", "--out", str(out)),
-    ]
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
-    done = subprocess.run(
-        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(out.read_text())
     rows = result["results"]
     assert [(r["system"], r["batch"]) for r in rows] == [

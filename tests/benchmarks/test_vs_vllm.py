@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import vs_vllm
+from benchmarks import vs_vllm, vs_vllm_serving
 
 
 def test_env_script_sets_shim_binding_and_kv_space(tmp_path: Path) -> None:
@@ -70,12 +70,12 @@ def test_serving_ratios_pair_same_client_rate_and_round(capsys: pytest.CaptureFi
         record("vllm", "vllm", math.inf, 400.0, 40.0),
         record("ours", "ours", 2.0, 100.0, 10.0),  # no vLLM run of this client: no ratio
     ]
-    ratios = vs_vllm.serving_ratios(records)
+    ratios = vs_vllm_serving.serving_ratios(records)
     assert [(r["client"], r["rate"]) for r in ratios] == [("vllm", 2.0), ("vllm", math.inf)]
     assert ratios[0]["output_tok_per_s"] == 1.5
     assert ratios[0]["ttft_p50_ms"] == 2.0
     assert ratios[1]["output_tok_per_s"] is None  # a missing figure gives no ratio
-    vs_vllm.print_serving({"records": records, "ratios": ratios})
+    vs_vllm_serving.print_serving({"records": records, "ratios": ratios})
     out = capsys.readouterr().out
     assert "1.50x" in out and "2.00x" in out
 
@@ -96,9 +96,9 @@ def test_refuses_to_run_without_a_vllm_venv(tmp_path: Path) -> None:
 
 def test_each_run_draws_its_own_prompts() -> None:
     # One seed for all runs would let every run after the first hit the prefix caches.
-    seeds = [vs_vllm.run_seed(r, i) for r in range(3) for i in range(6)]
+    seeds = [vs_vllm_serving.run_seed(r, i) for r in range(3) for i in range(6)]
     assert len(set(seeds)) == len(seeds)
-    assert vs_vllm.WARMUP_SEED not in seeds
+    assert vs_vllm_serving.WARMUP_SEED not in seeds
 
 
 def test_vllm_may_run_in_a_dtype_of_its_own(capsys: pytest.CaptureFixture) -> None:

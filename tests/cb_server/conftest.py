@@ -10,13 +10,13 @@ from typing import Any
 import openai
 import pytest
 
+from harness.servers import ServerThread, gateway_served
 from server.common.app import create_server_app
 from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
-from tests.support.servers import ServerThread, start_gateway
 
 
 @pytest.fixture(scope="module")
@@ -32,11 +32,8 @@ def cb_server(default_model_path: Path, cb_runner: ModelRunner) -> Iterator[Serv
 @pytest.fixture(scope="module")
 def gateway(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[Any]:
     """A gateway in front of this module's CB server."""
-    server = start_gateway(
-        tmp_path_factory.mktemp("gateway"), continuous_batching_server_urls=[cb_server.url]
-    )
-    yield server
-    server.stop()
+    folder = tmp_path_factory.mktemp("gateway")
+    yield from gateway_served(folder, continuous_batching_server_urls=[cb_server.url])
 
 
 @pytest.fixture(scope="module")

@@ -5,13 +5,13 @@ while it keeps generating for everyone else."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from harness.servers import ServerThread
 from server.common.app import create_server_app
 from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
@@ -20,14 +20,16 @@ from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import MODEL_ID, engine_config
 from tests.support.raw_http import (
     assert_error_shape,
+    assert_refused,
     chunked_post,
     connect,
-    exchange,
     read_until_closed,
+    slow_clients,
 )
-from tests.support.servers import ServerThread
 from utils.connection_limits import ConnectionLimits
 
+#: The trickling clients' request line (then header bytes, one at a time).
+POST_LINE = b"POST /generate HTTP/1.1\r\n"
 LIMITS = ConnectionLimits(
     header_timeout_seconds=1.0,
     body_idle_timeout_seconds=0.6,
@@ -53,15 +55,15 @@ def cb_server(default_model_path: Path, cb_runner: ModelRunner) -> Iterator[Serv
 
 def test_bad_framing_answers_in_the_error_shape(cb_server: ServerThread) -> None:
     big = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
-    assert_error_shape(exchange(cb_server.url, big), 431)
+    assert_refused(cb_server.url, big, 431)
     bad_length = b"POST /generate HTTP/1.1\r\nHost: t\r\nContent-Length: 1e3\r\n\r\n{}"
-    assert_error_shape(exchange(cb_server.url, bad_length), 400)
+    assert_refused(cb_server.url, bad_length, 400)
 
 
 def test_chunked_upload_over_the_limit_is_413(cb_server: ServerThread) -> None:
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
-        answer = exchange(cb_server.url, chunked_post(path, b" " * 65536, 32), timeout_seconds=5)
-        error = assert_error_shape(answer, 413)
+        request = chunked_post(path, b" " * 65536, 32)
+        error = assert_refused(cb_server.url, request, 413, timeout_seconds=5)
         assert "4000" in error["message"]
 
 
@@ -78,28 +80,8 @@ def test_slow_headers_and_bodies_get_408(cb_server: ServerThread) -> None:
     assert time.monotonic() - started < 3
 
 
-def _hold_trickling(url: str, stop: threading.Event) -> None:
-    """A byte every 0.2 s into a request's headers; reconnect when hung up on."""
-    while not stop.is_set():
-        with connect(url) as sock:
-            try:
-                sock.sendall(b"POST /generate HTTP/1.1\r\n")
-                while not stop.is_set():
-                    sock.send(b"X")
-                    stop.wait(0.2)
-            except OSError:
-                continue
-
-
 def test_generation_goes_on_while_slow_clients_are_held(cb_server: ServerThread) -> None:
-    idle = [connect(cb_server.url) for _ in range(50)]
-    stop = threading.Event()
-    trickles = [
-        threading.Thread(target=_hold_trickling, args=(cb_server.url, stop)) for _ in range(3)
-    ]
-    for thread in trickles:
-        thread.start()
-    try:
+    with slow_clients(cb_server.url, 50, 3, POST_LINE):
         for _ in range(3):
             response = cb_server.http.post(
                 "/v1/completions",
@@ -113,9 +95,3 @@ def test_generation_goes_on_while_slow_clients_are_held(cb_server: ServerThread)
             )
             assert response.status_code == 200, response.text
             assert response.json()["usage"]["completion_tokens"] == 4
-    finally:
-        stop.set()
-        for thread in trickles:
-            thread.join(timeout=5)
-        for sock in idle:
-            sock.close()

@@ -3,23 +3,11 @@ it: each answer is a 4xx in the error shape (never a 500), and never a silent wr
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import httpx
 import pytest
 
+from harness.servers import ServerThread
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread, start_gateway
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[str]:
-    """The gateway's URL, in front of ``cb_server``."""
-    gw = start_gateway(
-        tmp_path_factory.mktemp("bad-requests"), continuous_batching_server_urls=[cb_server.url]
-    )
-    yield gw.url
-    gw.stop()
 
 
 def _bodies(text_json: str) -> dict[str, bytes]:
@@ -40,34 +28,38 @@ def _assert_400(response: httpx.Response, expected: str) -> None:
 
 
 @pytest.mark.parametrize("text_json", ['"caf\\ud800e"', '"\\udc00"'])
-def test_lone_surrogates_are_400(cb_server: ServerThread, gateway: str, text_json: str) -> None:
-    for url in (cb_server.url, gateway):
+def test_lone_surrogates_are_400(
+    cb_server: ServerThread, gateway: ServerThread, text_json: str
+) -> None:
+    for url in (cb_server.url, gateway.url):
         for endpoint, body in _bodies(text_json).items():
             response = httpx.post(url + endpoint, content=body, timeout=30)
             _assert_400(response, "surrogate")
 
 
 @pytest.mark.parametrize("depth", [5_000, 40_000])
-def test_deeply_nested_json_is_400(cb_server: ServerThread, gateway: str, depth: int) -> None:
+def test_deeply_nested_json_is_400(
+    cb_server: ServerThread, gateway: ServerThread, depth: int
+) -> None:
     nested = "[" * depth + "]" * depth
-    for url in (cb_server.url, gateway):
+    for url in (cb_server.url, gateway.url):
         for endpoint, body in _bodies(nested).items():
             response = httpx.post(url + endpoint, content=body, timeout=30)
             _assert_400(response, "recursion limit")
 
 
-def test_a_vanishing_temperature_is_greedy(cb_server: ServerThread, gateway: str) -> None:
+def test_a_vanishing_temperature_is_greedy(cb_server: ServerThread, gateway: ServerThread) -> None:
     prompt = "The capital of France is"
 
     def native(**config: object) -> str:
         body = {"prompt": prompt, "generation_config": {"max_new_tokens": 8, **config}}
-        answer = httpx.post(f"{gateway}/generate", json=body, timeout=60)
+        answer = httpx.post(f"{gateway.url}/generate", json=body, timeout=60)
         assert answer.status_code == 200, answer.text
         return answer.json()["choices"][0]["text"]
 
     def completion(temperature: float) -> str:
         body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 8, "temperature": temperature}
-        answer = httpx.post(f"{gateway}/v1/completions", json=body, timeout=60)
+        answer = httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=60)
         assert answer.status_code == 200, answer.text
         return answer.json()["choices"][0]["text"]
 
@@ -80,7 +72,7 @@ def test_a_vanishing_temperature_is_greedy(cb_server: ServerThread, gateway: str
 
 @pytest.mark.parametrize("token_id", [49_152 + 5, 10**30, -1])
 def test_stop_token_ids_outside_the_vocabulary_are_400(
-    cb_server: ServerThread, gateway: str, token_id: int
+    cb_server: ServerThread, gateway: ServerThread, token_id: int
 ) -> None:
     native = {
         "prompt": "Hi",
@@ -93,7 +85,7 @@ def test_stop_token_ids_outside_the_vocabulary_are_400(
         "min_tokens": 2,
         "max_tokens": 4,
     }
-    for url in (cb_server.url, gateway):
+    for url in (cb_server.url, gateway.url):
         for endpoint, body in (("/generate", native), ("/v1/completions", openai_body)):
             response = httpx.post(url + endpoint, json=body, timeout=30)
             _assert_400(response, f"stop_token_ids token id {token_id} is outside the vocabulary")

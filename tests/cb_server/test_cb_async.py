@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from harness.waiting import async_wait_until
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import engine_config
-from tests.support.waiting import async_wait_until
 from utils.errors import APIError
 
 PROMPT = [1, 504, 3575, 282, 4649, 314]  # "<s>The capital of France is"-like ids

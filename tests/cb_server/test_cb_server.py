@@ -11,6 +11,8 @@ import httpx
 import openai
 import pytest
 
+from harness.servers import ServerThread, start_gateway
+from harness.waiting import wait_until
 from protocol.generation import GenerationConfig
 from protocol.openai_api import ChatCompletionChunk
 from server.common.app import create_server_app
@@ -18,9 +20,12 @@ from server.common.service import ServingSettings
 from server.continuous_batching.async_engine import AsyncEngine
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.runner.model_runner import ModelRunner
-from tests.support.default_model import MODEL_ID, engine_config
-from tests.support.servers import ServerThread, start_gateway
-from tests.support.waiting import wait_until
+from tests.support.default_model import (
+    MODEL_ID,
+    assert_still_serves,
+    chat_body,
+    engine_config,
+)
 
 NUM_BLOCKS = 256
 
@@ -151,28 +156,14 @@ def test_bad_bodies_get_4xx_and_server_keeps_serving(cb_server: ServerThread, bo
     assert 400 <= response.status_code < 500, response.text
     error = response.json()["error"]
     assert error["message"] and error["code"] == response.status_code
-    ok = httpx.post(
-        f"{cb_server.url}/generate",
-        json={"prompt": "Hi", "generation_config": {"max_new_tokens": 2}},
-        timeout=60,
-    )
-    assert ok.status_code == 200
+    assert_still_serves(cb_server.url)
 
 
 def test_a_stream_sends_one_event_per_step(cb_server: ServerThread) -> None:
     """Both choices of a step travel in one chat chunk; each opens with the assistant role."""
     max_tokens = 6
-    body = {
-        "model": MODEL_ID,
-        "messages": [{"role": "user", "content": "Name a colour."}],
-        "n": 2,
-        "temperature": 0.8,
-        "seed": 3,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-    }
+    body = chat_body("Name a colour.", n=2, temperature=0.8, seed=3, max_tokens=max_tokens)
+    body.update(ignore_eos=True, stream=True, stream_options={"include_usage": True})
     url = f"{cb_server.url}/v1/chat/completions"
     with httpx.stream("POST", url, json=body, timeout=60) as response:
         assert response.status_code == 200

@@ -18,12 +18,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.servers import reserve_socket
+from harness.waiting import wait_until
 from server.continuous_batching.model.cpu_isa import KERNEL_WORDS
 from tests.support.cpu_paths import runnable_levels
 from tests.support.default_model import assert_answers_the_demo_question
 from tests.support.paths import REPO_ROOT
-from tests.support.servers import reserve_socket
-from tests.support.waiting import wait_until
 
 #: The environment that makes this machine behave as a CPU of each level.
 CAPS = {

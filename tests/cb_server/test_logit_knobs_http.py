@@ -5,27 +5,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from harness.servers import ServerThread
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
-from tests.support.servers import ServerThread, start_gateway
 
 PARIS = 7042  # " Paris": greedy's answer to the demo question
-
-
-@pytest.fixture(scope="module")
-def gateway(tmp_path_factory: pytest.TempPathFactory, cb_server: ServerThread) -> Iterator[str]:
-    """The gateway's URL, in front of ``cb_server``."""
-    gw = start_gateway(
-        tmp_path_factory.mktemp("logit-knobs"), continuous_batching_server_urls=[cb_server.url]
-    )
-    yield gw.url
-    gw.stop()
 
 
 def _chat(**fields: Any) -> dict[str, Any]:
@@ -48,8 +37,10 @@ def _ok(url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
     return answer.json()
 
 
-def test_chat_and_completions_accept_the_knobs(cb_server: ServerThread, gateway: str) -> None:
-    for url in (cb_server.url, gateway):
+def test_chat_and_completions_accept_the_knobs(
+    cb_server: ServerThread, gateway: ServerThread
+) -> None:
+    for url in (cb_server.url, gateway.url):
         plain = _ok(url, "/v1/chat/completions", _chat())["choices"][0]["message"]["content"]
         assert "Paris" in plain
         banned = _ok(url, "/v1/chat/completions", _chat(logit_bias={str(PARIS): -100}, min_p=0.05))
@@ -111,9 +102,9 @@ def test_the_openai_sdk_sends_them(cb_server: ServerThread) -> None:
     ],
 )
 def test_bad_values_are_400_naming_the_field(
-    cb_server: ServerThread, gateway: str, fields: dict[str, Any], param: str, words: str
+    cb_server: ServerThread, gateway: ServerThread, fields: dict[str, Any], param: str, words: str
 ) -> None:
-    for url in (cb_server.url, gateway):
+    for url in (cb_server.url, gateway.url):
         for path, body in (
             ("/v1/chat/completions", _chat(**fields)),
             ("/v1/completions", _completion(**fields)),

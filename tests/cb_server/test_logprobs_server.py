@@ -13,8 +13,8 @@ from typing import Any
 import openai
 import pytest
 
+from harness.servers import ServerThread
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
-from tests.support.servers import ServerThread
 
 ASK = [{"role": "user", "content": DEMO_QUESTION}]
 

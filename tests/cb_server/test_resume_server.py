@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from client.forwarding.stream_tokens import StreamTokens, num_choices_of
+from harness.servers import ServerThread
 from protocol.resume import STREAM_TOKENS_HEADER
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
 
 HEADERS = {STREAM_TOKENS_HEADER: "1"}
 ASK = [{"role": "user", "content": "Tell me a short story about a cat."}]

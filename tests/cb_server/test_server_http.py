@@ -9,9 +9,9 @@ import re
 import httpx
 import pytest
 
-from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
-from tests.support.waiting import wait_until
+from harness.servers import ServerThread
+from harness.waiting import wait_until
+from tests.support.default_model import chat_body
 from utils.request_id import REQUEST_ID_HEADER, sane_request_id
 
 LOGGER = "server.common.request_context"
@@ -53,14 +53,7 @@ def test_request_id_is_echoed_and_logged(cb_server: ServerThread, log_lines) -> 
 
 
 def test_stream_answers_carry_the_request_id(cb_server: ServerThread, log_lines) -> None:
-    body = {
-        "model": MODEL_ID,
-        "messages": [{"role": "user", "content": "Say hi."}],
-        "max_tokens": 3,
-        "n": 2,
-        "temperature": 0.7,
-        "stream": True,
-    }
+    body = chat_body("Say hi.", max_tokens=3, n=2, temperature=0.7, stream=True)
     with httpx.stream(
         "POST",
         f"{cb_server.url}/v1/chat/completions",

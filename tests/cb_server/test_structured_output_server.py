@@ -11,8 +11,8 @@ import jsonschema
 import openai
 import pytest
 
+from harness.servers import ServerThread
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
 
 PERSON: dict[str, Any] = {
     "type": "object",
@@ -41,54 +41,33 @@ def _json_schema(schema: dict[str, Any]) -> dict[str, Any]:
     return {"type": "json_schema", "json_schema": {"name": "p", "schema": schema, "strict": True}}
 
 
+def _ask(client: Any, **options: Any) -> Any:
+    """The chat completion of ``ASK`` with ``options``."""
+    return client.chat.completions.create(model=MODEL_ID, messages=ASK, **options)
+
+
 def test_json_schema_output_validates(client: Any) -> None:
-    answer = client.chat.completions.create(
-        model=MODEL_ID,
-        messages=ASK,
-        max_tokens=160,
-        temperature=0,
-        response_format=_json_schema(PERSON),
-    )
+    answer = _ask(client, max_tokens=160, temperature=0, response_format=_json_schema(PERSON))
     choice = answer.choices[0]
     assert choice.finish_reason == "stop", choice
     jsonschema.validate(json.loads(choice.message.content), PERSON)
 
 
 def test_streamed_and_sampled_outputs_validate(client: Any) -> None:
-    chunks = client.chat.completions.create(
-        model=MODEL_ID,
-        messages=ASK,
-        max_tokens=160,
-        temperature=0,
-        stream=True,
-        response_format=_json_schema(PERSON),
-    )
+    person = _json_schema(PERSON)
+    chunks = _ask(client, max_tokens=160, temperature=0, stream=True, response_format=person)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     jsonschema.validate(json.loads(text), PERSON)
     # n samples: each sequence follows the grammar on its own.
-    sampled = client.chat.completions.create(
-        model=MODEL_ID,
-        messages=ASK,
-        max_tokens=160,
-        n=2,
-        temperature=1.0,
-        seed=7,
-        response_format=_json_schema(PERSON),
-    )
+    sampled = _ask(client, max_tokens=160, n=2, temperature=1.0, seed=7, response_format=person)
     for choice in sampled.choices:
         assert choice.finish_reason == "stop", choice
         jsonschema.validate(json.loads(choice.message.content), PERSON)
 
 
 def test_json_object_and_completions(client: Any) -> None:
-    answer = client.chat.completions.create(
-        model=MODEL_ID,
-        messages=ASK,
-        max_tokens=48,
-        temperature=0,
-        response_format={"type": "json_object"},
-        extra_body={"min_tokens": 0},
-    )
+    options = {"response_format": {"type": "json_object"}, "extra_body": {"min_tokens": 0}}
+    answer = _ask(client, max_tokens=48, temperature=0, **options)
     text = answer.choices[0].message.content
     if answer.choices[0].finish_reason == "stop":  # a whole object within the budget
         assert isinstance(json.loads(text), dict)
@@ -114,23 +93,13 @@ def test_json_object_and_completions(client: Any) -> None:
 def test_a_schema_that_cannot_compile_is_a_400(client: Any) -> None:
     bad = {"type": "object", "properties": {"x": {"type": "integer", "minimum": "low"}}}
     with pytest.raises(openai.BadRequestError) as refused:
-        client.chat.completions.create(
-            model=MODEL_ID, messages=ASK, max_tokens=8, response_format=_json_schema(bad)
-        )
+        _ask(client, max_tokens=8, response_format=_json_schema(bad))
     assert "response_format" in refused.value.message or "schema" in refused.value.message
     with pytest.raises(openai.BadRequestError, match="response_format"):
-        client.chat.completions.create(
-            model=MODEL_ID, messages=ASK, max_tokens=8, response_format={"type": "xml"}
-        )
+        _ask(client, max_tokens=8, response_format={"type": "xml"})
     with pytest.raises(openai.BadRequestError, match="beam search"):
-        client.chat.completions.create(
-            model=MODEL_ID,
-            messages=ASK,
-            max_tokens=8,
-            n=2,
-            response_format=_json_schema(PERSON),
-            extra_body={"use_beam_search": True},
-        )
+        beams = {"n": 2, "extra_body": {"use_beam_search": True}}
+        _ask(client, max_tokens=8, response_format=_json_schema(PERSON), **beams)
 
 
 def test_the_static_batching_server_says_it_cannot(sb_server: ServerThread) -> None:

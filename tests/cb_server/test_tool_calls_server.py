@@ -12,8 +12,8 @@ import jsonschema
 import openai
 import pytest
 
+from harness.servers import ServerThread
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
 
 WEATHER_PARAMETERS: dict[str, Any] = {
     "type": "object",
@@ -59,31 +59,21 @@ def _check_call(call: Any, name: str | None = None) -> dict[str, Any]:
     return arguments
 
 
-def test_a_required_call_is_valid_streamed_or_not(client: Any) -> None:
-    answer = client.chat.completions.create(
-        model=MODEL_ID,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice="required",
-        max_tokens=64,
-        temperature=0,
+def _ask_with_tools(client: Any, tool_choice: str | dict[str, Any], **options: Any) -> Any:
+    """The chat completion of ``ASK`` offering ``TOOLS`` with ``tool_choice``."""
+    return client.chat.completions.create(
+        model=MODEL_ID, messages=ASK, tools=TOOLS, tool_choice=tool_choice, **options
     )
+
+
+def test_a_required_call_is_valid_streamed_or_not(client: Any) -> None:
+    answer = _ask_with_tools(client, "required", max_tokens=64, temperature=0)
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     [call] = choice.message.tool_calls
     _check_call(call)
     # Streamed: the SDK assembles the same call from the chunks.
-    chunks = list(
-        client.chat.completions.create(
-            model=MODEL_ID,
-            messages=ASK,
-            tools=TOOLS,
-            tool_choice="required",
-            max_tokens=64,
-            temperature=0,
-            stream=True,
-        )
-    )
+    chunks = list(_ask_with_tools(client, "required", max_tokens=64, temperature=0, stream=True))
     streamed = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
     assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [
@@ -92,14 +82,8 @@ def test_a_required_call_is_valid_streamed_or_not(client: Any) -> None:
 
 
 def test_a_named_function_and_the_round_trip(client: Any) -> None:
-    answer = client.chat.completions.create(
-        model=MODEL_ID,
-        messages=ASK,
-        tools=TOOLS,
-        tool_choice={"type": "function", "function": {"name": "get_time"}},
-        max_tokens=64,
-        temperature=0,
-    )
+    get_time = {"type": "function", "function": {"name": "get_time"}}
+    answer = _ask_with_tools(client, get_time, max_tokens=64, temperature=0)
     [call] = answer.choices[0].message.tool_calls
     arguments = _check_call(call, "get_time")
     # The call and its result go back; the model answers in text.
@@ -117,14 +101,7 @@ def test_a_named_function_and_the_round_trip(client: Any) -> None:
 
 def test_auto_and_none(client: Any) -> None:
     for choice_mode in ("auto", "none"):
-        answer = client.chat.completions.create(
-            model=MODEL_ID,
-            messages=ASK,
-            tools=TOOLS,
-            tool_choice=choice_mode,
-            max_tokens=48,
-            temperature=0,
-        )
+        answer = _ask_with_tools(client, choice_mode, max_tokens=48, temperature=0)
         message = answer.choices[0].message
         for call in message.tool_calls or []:  # auto: the model may call, validly named
             assert choice_mode == "auto"
@@ -134,12 +111,7 @@ def test_auto_and_none(client: Any) -> None:
 
 def test_bad_tool_choices_are_400s(client: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="not among the tools"):
-        client.chat.completions.create(
-            model=MODEL_ID,
-            messages=ASK,
-            tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "nope"}},
-        )
+        _ask_with_tools(client, {"type": "function", "function": {"name": "nope"}})
     with pytest.raises(openai.BadRequestError, match="needs 'tools'"):
         client.chat.completions.create(model=MODEL_ID, messages=ASK, tool_choice="required")
 

@@ -8,10 +8,10 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from harness.servers import ServerThread
+from harness.waiting import wait_until
 from server.common.vllm_metrics import E2E_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
-from tests.support.servers import ServerThread
-from tests.support.waiting import wait_until
 
 #: name -> type, as vLLM declares them (counters are parsed without their _total suffix).
 EXPECTED = {

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
+from harness.servers import ServerThread, gateway_served, served
 from server.embedding.app import create_embedding_app
 from server.embedding.config import EmbeddingServerConfig, packaged_model_path
 from server.embedding.encoder import Encoder
-from tests.support.servers import ServerThread, start_gateway
 
 #: The default embedding model's id (configs/embedding_server_config.json).
 MODEL = "all-MiniLM-L6-v2"
@@ -30,9 +30,7 @@ def embedding_server(embedding_encoder: Encoder) -> Iterator[ServerThread]:
             "serving_config": {"max_inputs_per_request": 64},
         }
     )
-    server = ServerThread(create_embedding_app(embedding_encoder, config)).start(60)
-    yield server
-    server.stop()
+    yield from served(create_embedding_app(embedding_encoder, config), timeout_seconds=60)
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +38,6 @@ def embedding_gateway(
     tmp_path_factory: pytest.TempPathFactory, embedding_server: ServerThread
 ) -> Iterator[ServerThread]:
     """A real gateway whose only server is ``embedding_server``."""
-    gateway = start_gateway(
+    yield from gateway_served(
         tmp_path_factory.mktemp("embedding-gateway"), embedding_server_urls=[embedding_server.url]
     )
-    yield gateway
-    gateway.stop()

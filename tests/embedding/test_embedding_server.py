@@ -12,9 +12,9 @@ import pytest
 import torch
 from transformers import AutoModel, AutoTokenizer
 
+from harness.servers import ServerThread
 from server.embedding.config import packaged_model_path
 from tests.embedding.conftest import MODEL
-from tests.support.servers import ServerThread
 
 TEXTS = [
     "The cat sits on the mat.",

@@ -9,10 +9,10 @@ from pathlib import Path
 import openai
 import pytest
 
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
 from tests.embedding.conftest import MODEL
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
 from tests.support.openai_facade import FacadeSettings, start_facade
-from tests.support.servers import ServerThread, start_gateway, stop_all
 
 
 def test_openai_sdk_embeddings_through_the_gateway(embedding_gateway: ServerThread) -> None:

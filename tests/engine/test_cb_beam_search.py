@@ -87,6 +87,21 @@ def hf_beam_search(
     return rows, out.sequences_scores.tolist()
 
 
+def beam_options(*case: Any) -> dict[str, Any]:
+    """``generate``'s beam-search options for one case: num_beams, num_return, length_penalty,
+    early_stopping, eos (False: no EOS, every hypothesis runs to ``MAX_NEW``), min_new."""
+    num_beams, num_return, length_penalty, early_stopping, eos, min_new = case
+    return {
+        "num_beams": num_beams,
+        "num_return_sequences": num_return,
+        "max_new_tokens": MAX_NEW,
+        "min_new_tokens": min_new,
+        "length_penalty": length_penalty,
+        "early_stopping": early_stopping,
+        "eos_token_id": EOS if eos else None,
+    }
+
+
 def assert_same_hypotheses(
     ours: list[tuple[list[int], float]], rows: list[list[int]], scores: list[float], exact: bool
 ) -> None:
@@ -148,18 +163,8 @@ def test_replay_matches_hf(
     model, tokenizer = hf
     prompt = chat_ids(tokenizer, EOS_PROMPT)
     recorder = Recorder()
-    rows, scores = hf_beam_search(
-        model,
-        prompt,
-        recorder,
-        num_beams=num_beams,
-        num_return_sequences=hf_return,
-        max_new_tokens=MAX_NEW,
-        min_new_tokens=min_new,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        eos_token_id=EOS if eos else None,
-    )
+    options = beam_options(num_beams, hf_return, length_penalty, early_stopping, eos, min_new)
+    rows, scores = hf_beam_search(model, prompt, recorder, **options)
     # The recorded steps do not depend on num_return_sequences, which only slices the final
     # hypotheses: one HF call checks every R <= hf_return.
     for r in range(1, hf_return + 1):
@@ -243,18 +248,8 @@ def test_engine_loop_matches_generate(
         min_new,
     )
     drive(model, prompt, state, penalty)
-    rows, scores = hf_beam_search(
-        model,
-        prompt,
-        num_beams=num_beams,
-        num_return_sequences=num_return,
-        max_new_tokens=MAX_NEW,
-        min_new_tokens=min_new,
-        length_penalty=length_penalty,
-        early_stopping=early_stopping,
-        repetition_penalty=penalty,
-        eos_token_id=EOS if eos else None,
-    )
+    options = beam_options(num_beams, num_return, length_penalty, early_stopping, eos, min_new)
+    rows, scores = hf_beam_search(model, prompt, repetition_penalty=penalty, **options)
     # Full recompute vs HF's KV cache: same tokens, scores equal up to float noise.
     assert_same_hypotheses(state.finished(), rows, scores, exact=False)
 

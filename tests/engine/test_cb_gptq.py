@@ -17,6 +17,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, LlamaConfig
 from transformers import LlamaForCausalLM as HFLlama
 
+from harness.gptq_writer import pack_layer, rtn_quantize, write_checkpoint
 from protocol.generation import GenerationConfig
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
@@ -33,7 +34,6 @@ from server.continuous_batching.quantization import (
     fuse,
     quant_linear,
 )
-from tests.engine.gptq_writer import pack_layer, rtn_quantize, write_checkpoint
 
 CPU = torch.device("cpu")
 

@@ -4,6 +4,9 @@ by row, in batches where rows differ and some rows do not use the knob. No model
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Any
+
 import pytest
 import torch
 from transformers.generation.logits_process import (
@@ -117,29 +120,12 @@ def test_every_knob_together_in_vllms_order() -> None:
     min_p, top-k, top-p: the row equals the definitions chained in that order, and rows
     without the new knobs still equal transformers' processors alone."""
     bias = {17: 2.0, 3: 100.0, 8: -1.0}
-    full = RowParams(
-        is_greedy=False,
-        temperature=0.8,
-        top_k=50,
-        top_p=0.9,
-        min_p=0.02,
-        repetition_penalty=1.3,
-        presence_penalty=0.4,
-        frequency_penalty=0.7,
-        logit_bias=bias,
-        banned_token_ids=[2],
-        penalty_token_ids=TOKENS,
-        num_prompt_tokens=len(PROMPT),
-    )
-    hf_only = RowParams(
-        is_greedy=False,
-        temperature=0.8,
-        top_k=50,
-        top_p=0.9,
-        repetition_penalty=1.3,
-        penalty_token_ids=TOKENS,
-        num_prompt_tokens=len(PROMPT),
-    )
+    # The knobs transformers has too; the full row adds the OpenAI ones to them.
+    hf_knobs: dict[str, Any] = {"temperature": 0.8, "top_k": 50, "top_p": 0.9}
+    hf_knobs.update(repetition_penalty=1.3, penalty_token_ids=TOKENS)
+    hf_only = RowParams(is_greedy=False, num_prompt_tokens=len(PROMPT), **hf_knobs)
+    full = replace(hf_only, min_p=0.02, presence_penalty=0.4, frequency_penalty=0.7)
+    full = replace(full, logit_bias=bias, banned_token_ids=[2])
     logits = random_logits(3, seed=6)
     ours = process_logits(logits, [full, RowParams(), hf_only])
     ids = torch.tensor([TOKENS])

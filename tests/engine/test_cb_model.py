@@ -208,24 +208,16 @@ def test_bfloat16_greedy_matches_hf(default_model_path, prompt_ids) -> None:
 
 def tiny_llama(tmp_path: Path) -> tuple[Path, PreTrainedModel]:
     """Random llama with untied embeddings, llama3 RoPE and biases, saved in 2+ shards."""
+    sizes = {"vocab_size": 128, "hidden_size": 64, "intermediate_size": 96}
+    sizes.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    rope = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0}
+    rope.update(low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=64)
     config = LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **sizes,
         max_position_embeddings=256,
         tie_word_embeddings=False,
         attention_bias=True,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 10000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 64,
-        },
+        rope_parameters=rope,
     )
     torch.manual_seed(0)
     model = HFLlama(config).eval()

@@ -78,14 +78,9 @@ def test_cached_rows_match_transformers(
     ours = [t for d in deltas for t in d.token_ids]
     inputs = torch.tensor([prompt])
     stop_ids = [EOS, *stop_token_ids]
+    greedy = {"attention_mask": torch.ones_like(inputs), "do_sample": False}
     with torch.inference_mode():
-        out = hf_model.generate(
-            inputs,
-            attention_mask=torch.ones_like(inputs),
-            do_sample=False,
-            eos_token_id=stop_ids,
-            **options,
-        )
+        out = hf_model.generate(inputs, eos_token_id=stop_ids, **greedy, **options)
     theirs = out[0, len(prompt) :].tolist()
     ends = [i for i, t in enumerate(theirs) if t in stop_ids]
     if ends:  # generate pads after the stop; the engine ends at it

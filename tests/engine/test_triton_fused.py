@@ -15,10 +15,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from protocol.generation import GenerationConfig
-from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.runner.model_runner import ModelRunner
-from tests.support.default_model import engine_config
+from tests.support.default_model import greedy_tokens
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -133,14 +131,7 @@ def test_engine_decodes_through_the_fused_ops_like_the_torch_path(
         pytest.skip("the session's model runner lives on the CPU")
     # Small: the interpreter runs every kernel of 30 layers op by op (~2 s a step).
     prompts = [[1, 504, 3458, 282, 4649, 314], [1, 33]]
-    configs = [GenerationConfig(max_new_tokens=3)] * len(prompts)
-
-    def generate() -> list[list[int]]:
-        engine = LLMEngine(engine_config(default_model_path), runner=cb_runner)
-        results = engine.generate(prompts, configs)
-        return [[t for d in deltas for t in d.token_ids] for deltas in results]
-
-    expected = generate()
+    expected = greedy_tokens(cb_runner, default_model_path, prompts, max_new_tokens=3)
     calls: list[str] = []
     rope = FUSED.rope_write_kv
 
@@ -154,5 +145,5 @@ def test_engine_decodes_through_the_fused_ops_like_the_torch_path(
     monkeypatch.setattr(cb_runner.model, "attention_backend", "triton")
     monkeypatch.setattr(cb_runner, "attention_backend", "triton")
     monkeypatch.setattr(cb_runner, "is_padding_decodes", True)
-    assert generate() == expected
+    assert greedy_tokens(cb_runner, default_model_path, prompts, 3) == expected
     assert calls

@@ -1,6 +1,6 @@
 """The Triton GPTQ int4 matmul (``quantization.triton_int4``) against the dequantised weight.
 
-Layers are quantised and packed by the test's own GPTQ writer (``gptq_writer``), read by
+Layers are quantised and packed by the tests' own GPTQ writer (``harness.gptq_writer``), read by
 ``QuantLinear.from_gptq`` into its portable layout, and multiplied by the kernel (Triton's CPU
 interpreter without a GPU); the reference is ``x @ QuantLinear.weight()``, the dequantised
 weight, in float32.
@@ -18,12 +18,12 @@ if not torch.cuda.is_available():
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton numpy)")
 
+from harness.gptq_writer import pack_layer, rtn_quantize  # noqa: E402
 from server.continuous_batching.quantization import (  # noqa: E402
     GPTQConfig,
     QuantLinear,
     triton_int4,  # noqa: E402
 )
-from tests.engine.gptq_writer import pack_layer, rtn_quantize  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

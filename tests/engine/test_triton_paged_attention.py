@@ -16,10 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.generation import GenerationConfig
-from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.runner.model_runner import ModelRunner
-from tests.support.default_model import engine_config
+from tests.support.default_model import greedy_tokens
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -243,14 +241,7 @@ def test_engine_decodes_through_the_kernels_like_the_torch_path(
     if DEVICE.type == "cuda":
         pytest.skip("the session's model runner lives on the CPU")
     prompts = [[1, 504, 3458, 282, 4649, 314], [1, 7372, 2391, 253, 655, 28, 282], [1, 33]]
-    configs = [GenerationConfig(max_new_tokens=5)] * len(prompts)
-
-    def generate() -> list[list[int]]:
-        engine = LLMEngine(engine_config(default_model_path), runner=cb_runner)
-        results = engine.generate(prompts, configs)
-        return [[t for d in deltas for t in d.token_ids] for deltas in results]
-
-    expected = generate()
+    expected = greedy_tokens(cb_runner, default_model_path, prompts, max_new_tokens=5)
     kernel_steps: list[int] = []
     write_kv = tpa.write_kv_cache
 
@@ -264,6 +255,6 @@ def test_engine_decodes_through_the_kernels_like_the_torch_path(
     monkeypatch.setattr(cb_runner.model, "attention_backend", "triton")
     monkeypatch.setattr(cb_runner, "attention_backend", "triton")
     monkeypatch.setattr(cb_runner, "is_padding_decodes", True)
-    assert generate() == expected
+    assert greedy_tokens(cb_runner, default_model_path, prompts, 5) == expected
     # 3 sequences -> bucket 4 (one dummy row), then fewer if one stops early.
     assert 4 in kernel_steps and set(kernel_steps) <= {1, 2, 4}

@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from client.config.loading import load_client_config
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import reserve_socket, start_gateway, stop_all
 from launcher.deployment import AppEntry
 from launcher.wiring_check import unmatched_gateway_urls
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import reserve_socket, start_gateway, stop_all
 from utils.config import ConfigError
 from utils.deployment_apps import DEPLOYMENT_FILE_ENV
 

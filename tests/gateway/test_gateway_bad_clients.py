@@ -7,22 +7,23 @@ from __future__ import annotations
 
 import select
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
 from tests.support.raw_http import (
     assert_error_shape,
+    assert_refused,
     chunked_post,
     connect,
     exchange,
     read_until_closed,
+    slow_clients,
 )
-from tests.support.servers import ServerThread, start_gateway, stop_all
 
 #: Short limits so that every timeout is seen within a second or two.
 LIMITS = {
@@ -51,12 +52,12 @@ def gateway(
 
 def test_oversized_header_is_431_in_the_error_shape(gateway: ServerThread) -> None:
     big = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * (4 << 20) + b"\r\n\r\n"
-    error = assert_error_shape(exchange(gateway.url, big), 431)
+    error = assert_refused(gateway.url, big, 431)
     assert "65536" in error["message"]
     # Many ordinary headers that add up past the limit, sent in one piece, too.
     many = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 100) for i in range(1000))
     request = b"GET /health HTTP/1.1\r\nHost: t\r\n" + many + b"\r\n"
-    assert_error_shape(exchange(gateway.url, request), 431)
+    assert_refused(gateway.url, request, 431)
 
 
 @pytest.mark.parametrize(
@@ -71,7 +72,7 @@ def test_oversized_header_is_431_in_the_error_shape(gateway: ServerThread) -> No
 def test_unparseable_requests_are_400_in_the_error_shape(
     gateway: ServerThread, request_bytes: bytes
 ) -> None:
-    error = assert_error_shape(exchange(gateway.url, request_bytes), 400)
+    error = assert_refused(gateway.url, request_bytes, 400)
     assert error["type"] == "invalid_request_error"
 
 
@@ -133,36 +134,13 @@ def test_pipelined_requests_are_all_answered(gateway: ServerThread) -> None:
     assert answer.data.count(b"HTTP/1.1 200 OK") == 4
 
 
-def _trickle(url: str, stop: threading.Event) -> None:
-    """A byte-a-tick header writer that reconnects when the server hangs up on it."""
-    while not stop.is_set():
-        with connect(url) as sock:
-            try:
-                while not stop.is_set():
-                    sock.send(b"X")
-                    stop.wait(0.2)
-            except OSError:
-                continue
-
-
 def test_normal_requests_are_served_while_slow_clients_are_held(gateway: ServerThread) -> None:
-    idle = [connect(gateway.url) for _ in range(100)]
-    stop = threading.Event()
-    trickles = [threading.Thread(target=_trickle, args=(gateway.url, stop)) for _ in range(5)]
-    for thread in trickles:
-        thread.start()
-    try:
+    with slow_clients(gateway.url, 100, 5):
         for _ in range(10):
             started = time.monotonic()
             response = gateway.http.post("/generate", json=GENERATE)
             assert response.status_code == 200, response.text
             assert time.monotonic() - started < 1
-    finally:
-        stop.set()
-        for thread in trickles:
-            thread.join(timeout=5)
-        for sock in idle:
-            sock.close()
 
 
 @pytest.mark.parametrize("http_parser", ["httptools", "h11"])

@@ -14,9 +14,9 @@ from client.backends.lease import InFlightLease
 from client.balancing.discovery import DNSDiscovery, resolve_all, server_url
 from client.config.schema import ClientConfig
 from client.config.schema_common import ServerDNSConfig
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import ServerThread, start_gateway, stop_all
-from tests.support.waiting import wait_until
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
+from harness.waiting import wait_until
 
 GENERATE = {"model": "fake-model", "prompt": "hi", "generation_config": {"max_new_tokens": 4}}
 

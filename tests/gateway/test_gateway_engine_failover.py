@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from client.backends.prometheus_load import load_from_metrics
 from client.config.schema import ClientConfig
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import start_gateway, stop_all
-from tests.support.waiting import wait_until
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import start_gateway, stop_all
+from harness.waiting import wait_until
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 

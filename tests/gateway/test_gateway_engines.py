@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from client.backends.prometheus_load import load_from_metrics
+from harness.servers import ServerThread, start_gateway, stop_all
 from tests.support.openai_facade import FacadeSettings, start_facade
-from tests.support.servers import ServerThread, start_gateway, stop_all
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 KEY = "engine-key-123"

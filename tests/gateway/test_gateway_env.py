@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from client.config.loading import load_client_config
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import start_gateway, stop_all
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import start_gateway, stop_all
 from utils.config import ConfigError
 
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}

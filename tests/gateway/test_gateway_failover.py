@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -18,22 +16,19 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.gateway.prometheus import metric_value
-from tests.support.paths import REPO_ROOT
-from tests.support.servers import ServerThread, reserve_socket, start_gateway, stop_all
-from tests.support.waiting import wait_until
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.processes import Deployment
+from harness.servers import ServerThread, start_gateway, stop_all
+from harness.waiting import metric_value, wait_until
 
 CHAT_PATH = "/v1/chat/completions"
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 
 def _sse_payloads(text: str) -> list[Any]:
-    return [
-        json.loads(line[6:]) if line[6:] != "[DONE]" else "[DONE]"
-        for line in text.splitlines()
-        if line.startswith("data: ")
-    ]
+    """The events' data, JSON-decoded (the closing ``[DONE]`` as it is)."""
+    data = [line[6:] for line in text.splitlines() if line.startswith("data: ")]
+    return [json.loads(item) if item != "[DONE]" else item for item in data]
 
 
 @pytest.fixture
@@ -197,12 +192,8 @@ def test_heartbeat_marks_down_after_two_failures_and_up_again(pair: Callable) ->
     failed_at = time.monotonic()
     # Two failed heartbeats are needed; they come within two intervals (plus slack for a busy
     # machine: this bounds a hang, it is not a speed measurement).
-    wait_until(
-        lambda: rows()[0],
-        2 * interval + 2,
-        until=lambda row: not row["is_healthy"],
-        message="A to be marked down",
-    )
+    bound = 2 * interval + 2
+    wait_until(lambda: rows()[0], bound, until=lambda r: not r["is_healthy"], message="A down")
     assert time.monotonic() - failed_at >= interval * 0.9  # one failure was not enough
     assert rows()[0]["num_consecutive_failures"] >= 2
     num_a = len(a.requests)
@@ -210,12 +201,7 @@ def test_heartbeat_marks_down_after_two_failures_and_up_again(pair: Callable) ->
         assert gateway.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     assert len(a.requests) == num_a  # no traffic while down
     a.is_health_failing = False
-    wait_until(
-        lambda: rows()[0],
-        2 * interval + 2,
-        until=lambda row: row["is_healthy"],
-        message="A to be marked up",
-    )
+    wait_until(lambda: rows()[0], bound, until=lambda r: r["is_healthy"], message="A up")
     for _ in range(4):
         assert gateway.http.post("/v1/chat/completions", json=CHAT).status_code == 200
     assert len(a.requests) == num_a + 2  # back in rotation
@@ -367,26 +353,22 @@ def test_hung_server_requests_are_abandoned_and_retried_when_it_is_marked_down(
 def test_sighup_reloads_the_config_of_a_standalone_gateway(tmp_path: Path) -> None:
     """``python client_app.py`` re-reads its config on SIGHUP (file watching off here)."""
     servers = [start_fake_server(FakeServerSettings(model_id=m, name=m)) for m in ("x", "y")]
-    config_path = tmp_path / "client_config.json"
     base = {"config_watch_interval_seconds": 0, "heart_beat_interval_seconds": 60}
-    config_path.write_text(json.dumps({**base, "static_batching_server_urls": [servers[0].url]}))
-    sock = reserve_socket()
-    port = sock.getsockname()[1]
-    sock.close()
-    command = [sys.executable, "client_app.py", "--config", str(config_path), "--port", str(port)]
-    process = subprocess.Popen(command, cwd=REPO_ROOT, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
+    deployment = Deployment(tmp_path, num_servers=0)
+    deployment.start_gateway({**base, "static_batching_server_urls": [servers[0].url]})
+    process = deployment.processes["gateway"]
 
     def models() -> list[str]:
         try:
-            return [card["id"] for card in httpx.get(f"{url}/v1/models").json()["data"]]
+            answer = httpx.get(f"{deployment.gateway_url}/v1/models")
+            return [card["id"] for card in answer.json()["data"]]
         except httpx.HTTPError:
             return []
 
     try:
         wait_until(models, 30, until=lambda now: now == ["x"], message="the gateway to start")
-        config_path.write_text(
-            json.dumps({**base, "static_batching_server_urls": [s.url for s in servers]})
+        deployment.write_config(
+            "gateway", {**base, "static_batching_server_urls": [s.url for s in servers]}
         )
         # A negative check, so a pause rather than a wait: with watching off there is no event
         # to wait for, and a correct gateway passes however long the pause is.
@@ -396,8 +378,7 @@ def test_sighup_reloads_the_config_of_a_standalone_gateway(tmp_path: Path) -> No
         wait_until(models, 10, until=lambda now: now == ["x", "y"], message="the reload")
         assert process.poll() is None  # reloaded, not restarted or stopped
     finally:
-        process.terminate()
-        process.wait(10)
+        deployment.stop(timeout=10)
         stop_all(*servers)
 
 

@@ -11,9 +11,9 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.gateway.prometheus import metric_value
-from tests.support.servers import ServerThread, start_gateway, stop_all
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
+from harness.waiting import metric_value
 
 KEYS = ["sk-jumper-one-0123456789abcdef", "sk-jumper-two-0123456789abcdef"]
 NATIVE_CONFIG = {

@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import start_gateway, stop_all
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import start_gateway, stop_all
 
 MESSAGES = [{"role": "user", "content": "Hello!"}]
 

@@ -19,8 +19,8 @@ from client.config.kinds import backends_from_config
 from client.config.schema import ClientConfig
 from client.gateway_request import GatewayRequest
 from client.routing_fields import RoutingFields
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import ServerThread, start_gateway, stop_all
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
 from utils.errors import APIError
 
 #: A chat with fields the gateway does not route by (tools, logprobs, ...), and one nobody knows.

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import httpx
 
-from benchmarks.failover import Deployment, metric_sum
-from benchmarks.resume_under_fire import run_resume, start_deployment
+from benchmarks.resume_under_fire import run_resume
 from client.forwarding.stream_tokens import StreamTokens, num_choices_of
+from harness.processes import Deployment
+from harness.waiting import metric_sum
 
 OPENING = b': stream {"id":"cmpl-1","created":7,"prompt_token_ids":[5,6,7]}\n\n'
 
@@ -88,7 +89,7 @@ async def _poison_scenario() -> None:
             timeout=httpx.Timeout(120, connect=5), trust_env=False
         ) as client:
             try:
-                await start_deployment(client, deployment)
+                await deployment.start_all(client)
                 # A cold server's first forward is slow: warm each one, so that "dies within a
                 # second of taking the request" holds for the kills below, as it would for a
                 # request that kills its server.

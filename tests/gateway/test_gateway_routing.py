@@ -12,11 +12,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, reserve_socket, start_gateway, stop_all, url_of
+from harness.waiting import metric_value, wait_until
 from protocol.health import LoadReport
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.gateway.prometheus import metric_value
-from tests.support.servers import ServerThread, reserve_socket, start_gateway, stop_all, url_of
-from tests.support.waiting import wait_until
 
 GENERATE = {"prompt": "hi", "generation_config": {"max_new_tokens": 4}}
 

@@ -13,13 +13,8 @@ opening, a pooled connection that died while idle not counted as an outage. The 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
-import shutil
-import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,86 +23,47 @@ import pytest
 from redis import asyncio as redis_asyncio
 
 from client.balancing.shared_state import SharedBreakerState, backend_key, redacted_url
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.network import free_port
+from harness.processes import Deployment, gateway_client
+from harness.redis_server import MISSING, RedisServer, is_redis_installed
+from harness.servers import ServerThread, stop_all
+from harness.waiting import wait_until
 from tests.gateway.backend_factory import healthy_server
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import ServerThread, stop_all
-from tests.support.waiting import wait_until
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 CHAT = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}]}
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _start_redis(tmp_path: Path, port: int, password: str | None = None) -> subprocess.Popen:
-    """A redis-server on ``port`` (Debian's package; make test installs it), answering PING."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        reason = "redis-server is missing (apt-get install redis-server)"
+def _start_redis(tmp_path: Path, password: str | None = None) -> RedisServer:
+    """A redis-server on a free port (Debian's package; make test installs it), answering PING."""
+    if not is_redis_installed():
         if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    args = [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-    if password is not None:
-        args += ["--requirepass", password]
-    process = subprocess.Popen([*args, "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
-    auth = f"AUTH {password}\r\n".encode() if password is not None else b""
-
-    def pong() -> bool:
-        if process.poll() is not None:
-            raise RuntimeError(f"redis-server exited ({process.returncode})")
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
-            conn.sendall(auth + b"PING\r\n")
-            return b"PONG" in conn.recv(64)
-
-    wait_until(pong, 10, interval=0.05, ignoring=(OSError,), message="redis-server")
-    return process
-
-
-def _stop(process: subprocess.Popen) -> None:
-    if process.poll() is None:
-        process.kill()
-    process.wait(timeout=10)
+            pytest.fail(MISSING)
+        pytest.skip(MISSING)
+    return RedisServer(tmp_path, password=password).start().wait()
 
 
 @pytest.fixture
-def redis_url(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+def redis(tmp_path: Path) -> Iterator[RedisServer]:
     """A redis-server of the test's own on a free port."""
-    port = _free_port()
-    process = _start_redis(tmp_path, port)
-    yield f"redis://127.0.0.1:{port}/0", process
-    process.terminate()
-    process.wait(timeout=10)
+    server = _start_redis(tmp_path)
+    yield server
+    server.stop()
 
 
-def _start_gateway(tmp_path: Path, name: str, config: dict) -> tuple[httpx.Client, Path]:
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(config))
-    port, log = _free_port(), tmp_path / f"{name}.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "client_app.py", "--config", str(path), "--port", str(port)],
-            cwd=REPO_ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    _processes.append(process)
-    http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10, trust_env=False)
-    wait_until(
-        lambda: http.get("/health").status_code == 200,
-        30,
-        interval=0.1,
-        ignoring=(httpx.HTTPError,),
-        message=lambda: f"gateway {name}: {log.read_text()[-2000:]}",
-    )
-    return http, log
+@pytest.fixture
+def gateways(tmp_path: Path) -> Iterator[Deployment]:
+    """Where the test's gateway processes run; they are stopped at teardown."""
+    deployment = Deployment(tmp_path, num_servers=0)
+    yield deployment
+    deployment.stop(timeout=10)
 
 
-_processes: list[subprocess.Popen[bytes]] = []
+def _start_gateway(deployment: Deployment, name: str, config: dict) -> tuple[httpx.Client, Path]:
+    port = free_port()
+    deployment.start_gateway(config, name, port, log_level=None)
+    log = deployment.log_path(name)
+    return gateway_client(f"http://127.0.0.1:{port}", log, name), log
 
 
 @pytest.fixture
@@ -117,10 +73,6 @@ def upstream() -> Iterator[tuple[ServerThread, FakeServerSettings]]:
     server = start_fake_server(settings)
     yield server, settings
     stop_all(server)
-    for process in _processes:
-        process.terminate()
-        process.wait(timeout=10)
-    _processes.clear()
 
 
 def _row(http: httpx.Client, name: str) -> dict:
@@ -129,9 +81,8 @@ def _row(http: httpx.Client, name: str) -> dict:
 
 
 def test_replicas_share_key_rests_and_circuit_openings(
-    tmp_path: Path, redis_url: tuple, upstream: tuple
+    redis: RedisServer, gateways: Deployment, upstream: tuple
 ) -> None:
-    url, redis_process = redis_url
     server, settings = upstream
     broken_settings = FakeServerSettings(name="broken", model_id="local-model", fail_status=500)
     broken = start_fake_server(broken_settings)
@@ -144,11 +95,11 @@ def test_replicas_share_key_rests_and_circuit_openings(
             "circuit_breaker_failures": 2,
             "circuit_breaker_cooldown_seconds": 30,
             "config_watch_interval_seconds": 0,
-            "shared_state_url": url,
+            "shared_state_url": redis.url(),
         }
         (a, _), (b, log_b) = (
-            _start_gateway(tmp_path, "a", config),
-            _start_gateway(tmp_path, "b", config),
+            _start_gateway(gateways, "a", config),
+            _start_gateway(gateways, "b", config),
         )
         key_one = f"openai[0]@{server.url}/v1"
         # Through A: sk-one answers 429 and rests; the request moves on to sk-two.
@@ -170,8 +121,7 @@ def test_replicas_share_key_rests_and_circuit_openings(
         assert b.post("/v1/completions", json=local).status_code == 503
         assert len(broken_settings.requests) == num_broken
         # Redis goes away: each replica keeps its own state, requests keep working.
-        redis_process.terminate()
-        redis_process.wait(timeout=10)
+        redis.stop()
         for http in (a, b):
             for _ in range(2):
                 assert http.post("/v1/chat/completions", json=CHAT).status_code == 200
@@ -196,9 +146,8 @@ def test_redacted_url_masks_the_password_only() -> None:
 async def test_outage_one_warning_replays_own_openings_and_keeps_the_longer(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    port = _free_port()
-    url = f"redis://:{PASSWORD}@127.0.0.1:{port}/0"
-    redis = _start_redis(tmp_path, port, PASSWORD)
+    redis = _start_redis(tmp_path, PASSWORD)
+    url = redis.url()
     backend = healthy_server("http://127.0.0.1:9", "continuous_batching", ["m"])
     other = healthy_server("http://127.0.0.1:10", "continuous_batching", ["m"])
     state, peer = SharedBreakerState(url), SharedBreakerState(url)
@@ -209,7 +158,7 @@ async def test_outage_one_warning_replays_own_openings_and_keeps_the_longer(
     try:
         await state.sync([backend])
         # Redis dies: syncs fail, and an opening made now cannot be written.
-        _stop(redis)
+        redis.kill()
         for _ in range(3):
             await state.sync([backend])
         backend.health.breaker.open_for(60)
@@ -218,7 +167,7 @@ async def test_outage_one_warning_replays_own_openings_and_keeps_the_longer(
         assert len(warnings) == 1, warnings  # one per outage, not one per failed call
         assert not state.is_available
         # Back, empty: the next sync notices, and the opening is written again.
-        redis = _start_redis(tmp_path, port, PASSWORD)
+        redis.start().wait()
         await state.sync([backend])
         assert state.is_available
         await asyncio.wait_for(_until_key(direct, key), 5)
@@ -244,27 +193,26 @@ async def test_outage_one_warning_replays_own_openings_and_keeps_the_longer(
         await state.stop()
         await peer.stop()
         await direct.aclose()
-        _stop(redis)
+        redis.kill()
 
 
 async def test_a_connection_that_died_idle_is_not_an_outage(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    port = _free_port()
-    redis = _start_redis(tmp_path, port)
+    redis = _start_redis(tmp_path)
     backend = healthy_server("http://127.0.0.1:9", "continuous_batching", ["m"])
-    state = SharedBreakerState(f"redis://127.0.0.1:{port}/0")
+    state = SharedBreakerState(redis.url())
     caplog.set_level(logging.INFO, logger="client.balancing.shared_state")
     try:
         await state.sync([backend])  # a pooled connection now exists
-        _stop(redis)  # restarted between two calls: the pooled connection is dead
-        redis = _start_redis(tmp_path, port)
+        redis.kill()  # restarted between two calls: the pooled connection is dead
+        redis.start().wait()
         await state.sync([backend])
         assert state.is_available
         assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
     finally:
         await state.stop()
-        _stop(redis)
+        redis.kill()
 
 
 async def _until_key(client: redis_asyncio.Redis, key: str) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import ServerThread, start_gateway, stop_all
-from tests.support.waiting import wait_until
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
+from harness.waiting import wait_until
 
 STREAM = {"model": "m", "prompt": "hi", "stream": True}
 

@@ -21,18 +21,18 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 from pathlib import Path
 
 import pytest
 
 from benchmarks.replicas_chaos import (
-    CONVERGE_TIMEOUT_SECONDS,
     ScenarioReport,
     scenario_cutoff,
     scenario_kill,
     scenario_redis,
 )
+from harness.redis_server import MISSING, is_redis_installed
+from harness.replicas import CONVERGE_TIMEOUT_SECONDS
 
 #: Bounds a hang of a whole scenario (each of its waits has its own, shorter timeout).
 SCENARIO_TIMEOUT_SECONDS = 120
@@ -40,11 +40,10 @@ SCENARIO_TIMEOUT_SECONDS = 120
 
 @pytest.fixture(autouse=True)
 def _needs_redis() -> None:
-    if shutil.which("redis-server") is None:
-        reason = "redis-server is missing (make test-tools)"
+    if not is_redis_installed():
         if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
+            pytest.fail(MISSING)
+        pytest.skip(MISSING)
 
 
 def _assert_common(report: ScenarioReport) -> None:

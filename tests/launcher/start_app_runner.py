@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,13 +12,6 @@ from typing import Any
 from tests.support.paths import REPO_ROOT
 
 START_APP = REPO_ROOT / "start_app.py"
-
-
-def free_port() -> int:
-    """A loopback port that is free right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def is_alive(pid: int) -> bool:
@@ -59,15 +51,9 @@ def run_start_app(
 ) -> subprocess.CompletedProcess[str]:
     """Run ``python start_app.py ARGS`` with LLM_SUITE_RUN_DIR=run_dir."""
     env = dict(os.environ, **{"LLM_SUITE_RUN_DIR": str(run_dir), "HF_HUB_OFFLINE": "1"})
-    return subprocess.run(
-        [sys.executable, str(START_APP), *args],
-        cwd=REPO_ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        stdin=subprocess.DEVNULL,
-    )
+    command = [sys.executable, str(START_APP), *args]
+    output = {"capture_output": True, "text": True, "stdin": subprocess.DEVNULL}
+    return subprocess.run(command, cwd=REPO_ROOT, env=env, timeout=timeout, **output)
 
 
 def write_deployment(path: Path, apps: list[dict[str, Any]], **extra: Any) -> Path:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 
+from harness.network import free_port
 from tests.launcher.start_app_runner import (
     live_processes_mentioning,
     run_start_app,
@@ -19,16 +20,10 @@ from tests.launcher.start_app_runner import (
 )
 from tests.support.default_model import assert_answers_the_demo_question
 from tests.support.paths import REPO_ROOT
-from tests.support.servers import reserve_socket
-
-
-def _free_port() -> int:
-    with reserve_socket() as sock:
-        return int(sock.getsockname()[1])
 
 
 def test_up_chat_status_down(tmp_path: Path, default_model_path: Path) -> None:
-    cb_port, sb_port, gateway_port = _free_port(), _free_port(), _free_port()
+    cb_port, sb_port, gateway_port = free_port(), free_port(), free_port()
     sb_config = json.loads((REPO_ROOT / "configs" / "sb_server_config.json").read_text())
     sb_config["worker_config"]["model_name_or_path"] = str(default_model_path)
     (tmp_path / "sb.json").write_text(json.dumps(sb_config))

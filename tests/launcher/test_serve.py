@@ -15,12 +15,13 @@ from pathlib import Path
 import openai
 import pytest
 
+from harness.network import free_port
+from harness.waiting import wait_until
 from launcher.serve import server_config
 from launcher.serve_logs import LogFollower
-from tests.launcher.start_app_runner import free_port, is_alive
+from tests.launcher.start_app_runner import is_alive
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
 from tests.support.paths import REPO_ROOT
-from tests.support.waiting import wait_until
 
 SERVE = [sys.executable, "-m", "launcher", "serve"]
 

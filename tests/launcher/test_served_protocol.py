@@ -7,8 +7,8 @@ import json
 import os
 from pathlib import Path
 
+from harness.network import free_port
 from tests.launcher.start_app_runner import (
-    free_port,
     live_processes_mentioning,
     run_start_app,
     write_deployment,

@@ -21,9 +21,9 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.network import free_port
 from tests.launcher.start_app_runner import (
     START_APP,
-    free_port,
     is_alive,
     live_processes_mentioning,
     run_start_app,

@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import reserve_socket
 from launcher.deployment import AppEntry
 from launcher.wiring_check import unmatched_gateway_urls
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
-from tests.support.servers import reserve_socket
 
 
 def test_a_gateway_url_matching_nothing_is_reported(tmp_path: Path) -> None:

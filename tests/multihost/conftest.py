@@ -28,9 +28,11 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.fake_server import fake_servers_args
+from harness.processes import cb_server_config, gateway_client
+from harness.waiting import wait_until
 from tests.multihost.load import MODEL
 from tests.multihost.netns import Host, NetnsUnavailable, TestNetwork
-from tests.support.waiting import wait_until
 
 HEARTBEAT_SECONDS = 1.0
 HEALTH_TIMEOUT_SECONDS = 1.0
@@ -40,7 +42,7 @@ LOCK_PATH = Path("/run/lock/llm-suite-multihost.lock")
 
 
 @dataclass
-class Deployment:
+class Hosts:
     """The running hosts and a client of the gateway."""
 
     network: TestNetwork
@@ -84,21 +86,13 @@ def _gateway_config(folder: Path, name: str, **fields: Any) -> Path:
     return path
 
 
-def start_gateway(deployment: Deployment, name: str, port: int, **fields: Any) -> httpx.Client:
+def start_gateway(deployment: Hosts, name: str, port: int, **fields: Any) -> httpx.Client:
     """Start a gateway on the ``gw`` host and return a client of it (waits until it answers)."""
     folder, gw = deployment.folder, deployment.host("gw")
     config = _gateway_config(folder, name, **fields)
     args = ["client_app.py", "--config", str(config), "--host", gw.address, "--port", str(port)]
     gw.spawn([*args, "--log-level", "warning"], folder / f"{name}.log")
-    http = httpx.Client(base_url=f"http://{gw.address}:{port}", timeout=10, trust_env=False)
-    wait_until(
-        lambda: http.get("/health").status_code == 200,
-        30,
-        interval=0.1,
-        ignoring=(httpx.HTTPError,),
-        message=lambda: f"gateway {name}: {(folder / f'{name}.log').read_text()[-2000:]}",
-    )
-    return http
+    return gateway_client(f"http://{gw.address}:{port}", folder / f"{name}.log", name)
 
 
 @pytest.fixture(scope="session")
@@ -131,28 +125,17 @@ def test_network() -> Iterator[TestNetwork]:
 @pytest.fixture(scope="session")
 def deployment(
     test_network: TestNetwork, tmp_path_factory: pytest.TempPathFactory, default_model_path: Path
-) -> Iterator[Deployment]:
+) -> Iterator[Hosts]:
     """The hosts, their servers and the gateway, all healthy; removed at teardown."""
     yield from _deploy(test_network, tmp_path_factory.mktemp("multihost"), default_model_path)
 
 
-def _deploy(network: TestNetwork, folder: Path, model_path: Path) -> Iterator[Deployment]:
+def _deploy(network: TestNetwork, folder: Path, model_path: Path) -> Iterator[Hosts]:
     for index, name in ((10, "gw"), (11, "cb1"), (12, "cb2"), (13, "sb"), (14, "cb3")):
         network.add_host(name, index)
     hosts = network.hosts
     cb_config = folder / "cb1.json"
-    cb_config.write_text(
-        json.dumps(
-            {
-                "model_loading_config": {
-                    "model_name_or_path": str(model_path),
-                    "torch_dtype": "bfloat16",
-                    "num_threads": 1,
-                },
-                "cache_config": {"memory_budget_gb": 0.25, "num_blocks_cpu": 64},
-            }
-        )
-    )
+    cb_config.write_text(json.dumps(cb_server_config(model_path, "bfloat16")))
     cb1 = hosts["cb1"]
     cb1.spawn(
         ["continuous_batching_server_app.py", "--config", str(cb_config)]
@@ -165,10 +148,11 @@ def _deploy(network: TestNetwork, folder: Path, model_path: Path) -> Iterator[De
         ("sb", "static_batching", 8002),
     ):
         host = hosts[name]
-        args = ["-m", "tests.multihost.fake_host", "--host", host.address, "--port", str(port)]
-        args += ["--name", name, "--model", MODEL, "--kind", kind]
-        host.spawn(args, folder / f"{name}.log")
-    deployment = Deployment(network, folder, httpx.Client())
+        # Slow enough streams (8 events, 50 ms apart) that a fault can catch one mid-answer.
+        fake = {"name": name, "model_id": MODEL, "kind": kind, "num_stream_events": 8}
+        fake["stream_delay_seconds"] = 0.05
+        host.spawn(fake_servers_args(host.address, {port: fake}), folder / f"{name}.log")
+    deployment = Hosts(network, folder, httpx.Client())
     deployment.http = start_gateway(
         deployment,
         "gateway",

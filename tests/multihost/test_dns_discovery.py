@@ -12,15 +12,15 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.multihost.conftest import MARK_BOUND_SECONDS, Deployment, start_gateway
+from harness.waiting import wait_until
+from tests.multihost.conftest import MARK_BOUND_SECONDS, Hosts, start_gateway
 from tests.multihost.load import MODEL
-from tests.support.waiting import wait_until
 
 NAME = "cb.llm.test"
 
 
 @pytest.fixture(scope="module")
-def dns_gateway(deployment: Deployment) -> Iterator[httpx.Client]:
+def dns_gateway(deployment: Hosts) -> Iterator[httpx.Client]:
     """A second gateway on ``gw`` (port 8010) that knows its CB servers only by DNS name."""
     network, gw = deployment.network, deployment.host("gw")
     hosts = [deployment.host("cb1").address, deployment.host("cb2").address]
@@ -58,7 +58,7 @@ def _served_by(http: httpx.Client, count: int) -> set[str]:
 
 
 def test_name_maps_to_several_hosts_and_follows_changes(
-    deployment: Deployment, dns_gateway: httpx.Client
+    deployment: Hosts, dns_gateway: httpx.Client
 ) -> None:
     cb1, cb2, cb3 = (deployment.url(name) for name in ("cb1", "cb2", "cb3"))
     wait_until(lambda: _routable(dns_gateway) == sorted([cb1, cb2]), 10, message="both hosts")
@@ -85,7 +85,7 @@ def test_name_maps_to_several_hosts_and_follows_changes(
 
 
 def test_a_discovered_host_that_dies_is_marked_down(
-    deployment: Deployment, dns_gateway: httpx.Client
+    deployment: Hosts, dns_gateway: httpx.Client
 ) -> None:
     gw, cb3 = deployment.host("gw"), deployment.host("cb3")
     deployment.network.write_hosts(gw, {NAME: [deployment.host("cb2").address, cb3.address]})
@@ -105,12 +105,12 @@ def test_a_discovered_host_that_dies_is_marked_down(
     wait_until(lambda: url in _routable(dns_gateway), MARK_BOUND_SECONDS + 2, message="cb3 back")
 
 
-def _log(deployment: Deployment) -> str:
+def _log(deployment: Hosts) -> str:
     return (deployment.folder / "dns_gateway.log").read_text()
 
 
 def test_a_host_leaving_dns_drains_its_streams(
-    deployment: Deployment, dns_gateway: httpx.Client
+    deployment: Hosts, dns_gateway: httpx.Client
 ) -> None:
     gw, cb1_url = deployment.host("gw"), deployment.url("cb1")
     deployment.network.write_hosts(gw, {NAME: [deployment.host("cb1").address]})

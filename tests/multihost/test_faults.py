@@ -18,9 +18,9 @@ from typing import Any
 
 import pytest
 
-from tests.multihost.conftest import MARK_BOUND_SECONDS, Deployment
+from harness.waiting import wait_until
+from tests.multihost.conftest import MARK_BOUND_SECONDS, Hosts
 from tests.multihost.load import LoadRun
-from tests.support.waiting import wait_until
 
 #: The callers' own bound per request: far above a healthy answer, so "hung" means hung.
 REQUEST_TIMEOUT_SECONDS = 30.0
@@ -42,7 +42,7 @@ def _fault_table() -> Iterator[None]:
 
 
 def _exercise(
-    deployment: Deployment,
+    deployment: Hosts,
     fault: str,
     apply: Callable[[], str | None],
     *,
@@ -118,7 +118,7 @@ def _exercise(
     return row
 
 
-def test_link_down_under_load(deployment: Deployment) -> None:
+def test_link_down_under_load(deployment: Hosts) -> None:
     host = deployment.host("cb2")
     row = _exercise(
         deployment, "link down (cable pulled)", lambda: host.link(False), is_cut_off=True
@@ -128,7 +128,7 @@ def test_link_down_under_load(deployment: Deployment) -> None:
     assert row["clean_errors"] <= CONCURRENCY, row
 
 
-def test_packet_loss_and_delay(deployment: Deployment) -> None:
+def test_packet_loss_and_delay(deployment: Hosts) -> None:
     host = deployment.host("cb2")
     row = _exercise(
         deployment,
@@ -142,7 +142,7 @@ def test_packet_loss_and_delay(deployment: Deployment) -> None:
     assert row["ok"] >= row["requests"] // 2, row
 
 
-def test_silent_drop_hangs_connections_not_callers(deployment: Deployment) -> None:
+def test_silent_drop_hangs_connections_not_callers(deployment: Hosts) -> None:
     host = deployment.host("cb2")
     row = _exercise(deployment, "silent drop (iptables DROP)", host.drop_all, is_cut_off=True)
     assert row["seconds_to_mark_down"] <= MARK_BOUND_SECONDS + POLL_SLACK_SECONDS, row

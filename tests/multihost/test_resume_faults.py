@@ -41,11 +41,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from benchmarks.failover import metric_sum
-from benchmarks.resume_under_fire import PROMPTS
+from harness.processes import RESUME_PROMPTS as PROMPTS
+from harness.processes import cb_server_config
+from harness.waiting import async_wait_until, metric_sum, wait_until
 from tests.multihost.load import MODEL
 from tests.multihost.netns import Host, TestNetwork, run
-from tests.support.waiting import async_wait_until, wait_until
 
 HEARTBEAT_SECONDS = 0.5
 HEALTH_TIMEOUT_SECONDS = 0.5
@@ -99,8 +99,7 @@ class ResumeHosts:
         for name in HOSTS:
             for process in self.host(name).processes:
                 if process.poll() is not None:
-                    tail = self.log(name)[-3000:]
-                    pytest.fail(f"{name} exited ({process.returncode}):\n{tail}")
+                    pytest.fail(f"{name} exited ({process.returncode}):\n{self.log(name)[-3000:]}")
 
     def rows(self) -> dict[str, dict[str, object]]:
         """The gateway's backend rows by host name."""
@@ -141,18 +140,7 @@ def hosts(
 def _start(resume_hosts: ResumeHosts, model_path: Path) -> Iterator[ResumeHosts]:
     folder = resume_hosts.folder
     server_config = folder / "cb.json"
-    server_config.write_text(
-        json.dumps(
-            {
-                "model_loading_config": {
-                    "model_name_or_path": str(model_path),
-                    "torch_dtype": "float32",
-                    "num_threads": 1,
-                },
-                "cache_config": {"memory_budget_gb": 0.25, "num_blocks_cpu": 64},
-            }
-        )
-    )
+    server_config.write_text(json.dumps(cb_server_config(model_path, "float32")))
     for name in ("rcb1", "rcb2"):
         host = resume_hosts.host(name)
         args = ["continuous_batching_server_app.py", "--config", str(server_config)]

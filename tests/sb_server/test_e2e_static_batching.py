@@ -9,9 +9,9 @@ import httpx
 import openai
 import pytest
 
-from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
-from tests.support.waiting import wait_until
+from harness.servers import ServerThread
+from harness.waiting import wait_until
+from tests.support.default_model import MODEL_ID, assert_still_serves
 
 QUESTION = "What is the capital of France?"
 
@@ -37,11 +37,8 @@ def test_chat_through_gateway_answers_paris(sb_gateway: ServerThread) -> None:
 
 
 def test_native_stream_through_gateway(sb_gateway: ServerThread) -> None:
-    body = {
-        "prompt": "The capital of France is",
-        "generation_config": {"max_new_tokens": 8, "ignore_eos": True},
-        "stream": True,
-    }
+    config = {"max_new_tokens": 8, "ignore_eos": True}
+    body = {"prompt": "The capital of France is", "generation_config": config, "stream": True}
     with httpx.stream("POST", f"{sb_gateway.url}/generate", json=body, timeout=60) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")
@@ -71,13 +68,9 @@ def test_openai_sdk_against_gateway(sb_gateway: ServerThread) -> None:
     assert "Paris" in chat.choices[0].message.content
     assert chat.usage.completion_tokens > 0
 
+    streaming = {"stream": True, "stream_options": {"include_usage": True}}
     stream = client.chat.completions.create(
-        model=MODEL_ID,
-        messages=messages,
-        temperature=0,
-        max_tokens=24,
-        stream=True,
-        stream_options={"include_usage": True},
+        model=MODEL_ID, messages=messages, temperature=0, max_tokens=24, **streaming
     )
     chunks = list(stream)
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
@@ -122,12 +115,7 @@ def test_bad_bodies_get_400_and_server_keeps_serving(
         assert error["code"] == 400 and error["message"]
         if field:
             assert error["param"] == field
-    ok = httpx.post(
-        f"{sb_gateway.url}/generate",
-        json={"prompt": "Hi", "generation_config": {"max_new_tokens": 2}},
-        timeout=60,
-    )
-    assert ok.status_code == 200
+    assert_still_serves(sb_gateway.url)
 
 
 def test_unknown_model_is_404_listing_served_models(sb_gateway: ServerThread) -> None:

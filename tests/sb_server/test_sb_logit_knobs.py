@@ -10,13 +10,13 @@ from typing import Any
 import httpx
 import pytest
 
+from harness.servers import ServerThread
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest
 from server.static_batching.worker import LoadedModel
 from tests.sb_server.test_sb_packing import ask, chat_ids, make_backend, packages
 from tests.support.default_model import DEMO_QUESTION, MODEL_ID
 from tests.support.logit_knobs_reference import reference_greedy
-from tests.support.servers import ServerThread
 
 pytestmark = pytest.mark.slow
 

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 import torch
 
+from harness.waiting import async_wait_until
 from protocol.generation import FinishReason, GenerationConfig
 from server.common.backend import SequenceRequest
 from server.static_batching.backend import StaticBatchingBackend
 from server.static_batching.config import SBServerConfig
 from server.static_batching.worker import LoadedModel
-from tests.support.waiting import async_wait_until
 from utils.errors import APIError
 
 pytestmark = pytest.mark.slow
@@ -278,17 +278,22 @@ async def test_oversized_request_is_refused_with_400(
     assert backend.package_records == []
 
 
-async def test_full_queue_answers_503_with_retry_after(
-    make_backend: Any, sb_model: LoadedModel
-) -> None:
-    backend = await make_backend(interval=30, max_queue_size=1)
-    waiting = asyncio.create_task(ask(backend, request(sb_model, "w", "Hi")))
+async def _until_queued(backend: StaticBatchingBackend) -> None:
+    """Wait until ``backend`` holds a waiting request."""
     await async_wait_until(
         lambda: backend.load_report().num_waiting,
         10,
         interval=0.01,
         message="the request to be queued",
     )
+
+
+async def test_full_queue_answers_503_with_retry_after(
+    make_backend: Any, sb_model: LoadedModel
+) -> None:
+    backend = await make_backend(interval=30, max_queue_size=1)
+    waiting = asyncio.create_task(ask(backend, request(sb_model, "w", "Hi")))
+    await _until_queued(backend)
     with pytest.raises(APIError, match=r"the queue is full \(1 requests waiting\)") as info:
         await ask(backend, request(sb_model, "x", "Hi"))
     assert info.value.status_code == 503 and "Retry-After" in info.value.headers
@@ -301,12 +306,7 @@ async def test_abort_of_a_waiting_request_removes_it(
 ) -> None:
     backend = await make_backend(interval=30)
     task = asyncio.create_task(ask(backend, request(sb_model, "gone", "Hi")))
-    await async_wait_until(
-        lambda: backend.load_report().num_waiting,
-        10,
-        interval=0.01,
-        message="the request to be queued",
-    )
+    await _until_queued(backend)
     task.cancel("the client went away")  # the stream is closed
     with pytest.raises(asyncio.CancelledError, match="the client went away"):
         await task

@@ -17,6 +17,7 @@ import httpx
 import orjson
 import pytest
 
+from harness.servers import ServerThread
 from protocol.generation import GenerationConfig
 from protocol.resume import STREAM_TOKENS_HEADER
 from server.common.backend import SequenceRequest, TextDelta
@@ -24,7 +25,6 @@ from server.static_batching.backend import StaticBatchingBackend
 from server.static_batching.worker import LoadedModel
 from tests.sb_server.test_sb_packing import chat_ids, make_backend, packages
 from tests.support.default_model import MODEL_ID
-from tests.support.servers import ServerThread
 from utils.errors import APIError
 
 pytestmark = pytest.mark.slow

@@ -1,1 +1,5 @@
-"""Helpers every area uses: servers in threads, the default model's settings, waiting."""
+"""Test-only helpers: the default model's settings, raw HTTP, the OpenAI facade, paths.
+
+What the benchmarks use too (servers in threads, fakes, deployments, waiting) is in
+``harness/``.
+"""

@@ -17,7 +17,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from tests.support.servers import ServerThread
+from harness.servers import ServerThread
 
 #: Hop-by-hop headers a proxy must not pass on.
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}

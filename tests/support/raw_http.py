@@ -3,9 +3,12 @@ chunked uploads past a limit, connections held open and idle."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +40,42 @@ def connect(url: str) -> socket.socket:
     sock = socket.create_connection(address_of(url), timeout=10)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def hold_trickling(url: str, stop: threading.Event, request_line: bytes = b"") -> None:
+    """A slow client until ``stop``: ``request_line``, then a header byte every 0.2 s; it
+    reconnects when the server hangs up on it (run it in a thread)."""
+    while not stop.is_set():
+        with connect(url) as sock:
+            try:
+                sock.sendall(request_line)
+                while not stop.is_set():
+                    sock.send(b"X")
+                    stop.wait(0.2)
+            except OSError:
+                continue
+
+
+@contextlib.contextmanager
+def slow_clients(
+    url: str, num_idle: int, num_trickling: int, request_line: bytes = b""
+) -> Iterator[None]:
+    """While the block runs, ``num_idle`` connections to ``url`` that send nothing and
+    ``num_trickling`` clients in threads that :func:`hold_trickling` (after ``request_line``)."""
+    idle = [connect(url) for _ in range(num_idle)]
+    stop = threading.Event()
+    args = (url, stop, request_line)
+    trickles = [threading.Thread(target=hold_trickling, args=args) for _ in range(num_trickling)]
+    for thread in trickles:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in trickles:
+            thread.join(timeout=5)
+        for sock in idle:
+            sock.close()
 
 
 def read_until_closed(sock: socket.socket, timeout_seconds: float) -> RawAnswer:
@@ -99,3 +138,11 @@ def assert_error_shape(answer: RawAnswer, status: int) -> dict[str, Any]:
     error = answer.json()["error"]
     assert error["code"] == status and error["message"], error
     return error
+
+
+def assert_refused(
+    url: str, request: bytes, status: int, timeout_seconds: float = 10.0
+) -> dict[str, Any]:
+    """Send ``request`` to ``url``: the answer must be ``status`` in the error shape; returns
+    the error object."""
+    return assert_error_shape(exchange(url, request, timeout_seconds), status)

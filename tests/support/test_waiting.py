@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.support.waiting import WaitTimeout, async_wait_until, wait_until
+from harness.waiting import WaitTimeout, async_wait_until, wait_until
 
 
 def test_returns_the_first_truthy_value() -> None:

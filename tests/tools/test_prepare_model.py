@@ -9,8 +9,8 @@ import sys
 import threading
 from pathlib import Path
 
+from harness.waiting import wait_until
 from tests.support.paths import REPO_ROOT
-from tests.support.waiting import wait_until
 from tools import prepare_model
 
 

@@ -16,9 +16,9 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.fake_model_server import FakeServerSettings, start_fake_server
+from harness.fake_server import FakeServerSettings, start_fake_server
+from harness.servers import ServerThread, start_gateway, stop_all
 from tests.support.default_model import DEMO_QUESTION as QUESTION
-from tests.support.servers import ServerThread, start_gateway, stop_all
 from tests.triton.triton_server import TritonServer
 
 

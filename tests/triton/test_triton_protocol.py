@@ -28,6 +28,11 @@ def _refusal(body: dict) -> tuple[str, str]:
     return describe_validation_error(info.value)
 
 
+def _sent(**fields: object) -> dict[str, object]:
+    """The Triton JSON sent for prompt "p": its ``text_input`` and ``fields``."""
+    return {"text_input": "p", **fields}
+
+
 def test_the_seed_request_maps_to_greedy() -> None:
     # The request of a Triton + TensorRT-LLM deployment guide, verbatim.
     request = TritonGenerateRequest.model_validate(
@@ -223,13 +228,7 @@ def test_native_request_to_triton_json() -> None:
         stream=True,
     )
     request = TritonGenerateRequest.from_generate_request(sampled, "p", default_max_tokens=64)
-    assert request.to_triton_json() == {
-        "text_input": "p",
-        "max_tokens": 5,
-        "temperature": 0.5,
-        "top_p": 1.0,
-        "stream": True,
-    }
+    assert request.to_triton_json() == _sent(max_tokens=5, temperature=0.5, top_p=1.0, stream=True)
     # Read back, it is the same decoding.
     back = request.to_generation_config()
     assert back.do_sample and back.temperature == 0.5 and back.max_new_tokens == 5
@@ -239,12 +238,7 @@ def test_native_request_to_triton_json() -> None:
     )
     assert TritonGenerateRequest.from_generate_request(
         beams, "p", default_max_tokens=8
-    ).to_triton_json() == {
-        "text_input": "p",
-        "max_tokens": 8,
-        "beam_width": 3,
-        "length_penalty": 1.0,
-    }
+    ).to_triton_json() == _sent(max_tokens=8, beam_width=3, length_penalty=1.0)
 
 
 def test_additive_penalties_map_both_ways() -> None:
@@ -258,12 +252,8 @@ def test_additive_penalties_map_both_ways() -> None:
         prompt="p", generation_config={"presence_penalty": 1.5, "frequency_penalty": 0.25}
     )
     sent = TritonGenerateRequest.from_generate_request(native, "p", default_max_tokens=8)
-    assert sent.to_triton_json() == {
-        "text_input": "p",
-        "max_tokens": 8,
-        "presence_penalty": 1.5,
-        "frequency_penalty": 0.25,
-    }
+    penalties = {"presence_penalty": 1.5, "frequency_penalty": 0.25}
+    assert sent.to_triton_json() == _sent(max_tokens=8, **penalties)
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,8 @@ import pytest
 
 from client.triton.protocol import TritonGenerateRequest
 from client.triton.responses import TritonErrorResponse, TritonGenerateResponse
+from harness.waiting import wait_until
 from protocol.generation import GenerateRequest
-from tests.support.waiting import wait_until
 from tests.triton.stand_in.pytriton_server import WORKER_SCRIPT
 from tests.triton.triton_server import TritonServer
 

@@ -15,16 +15,17 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 import pytest
 
+from harness.network import free_port
+from harness.waiting import wait_until
 from tests.support.paths import REPO_ROOT
-from tests.support.waiting import wait_until
 from tests.triton.stand_in.pytriton_server import WORKER_PYTHON_ENV
 from tests.triton.stand_in.setup_venv import TritonVenvError, ensure_venv, find_python312
 
@@ -33,32 +34,21 @@ SERVER_SCRIPT = Path(__file__).resolve().with_name("stand_in") / "pytriton_serve
 DEFAULT_TRITON_MODEL = "ensemble"
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 that nothing listens on right now."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
+@dataclass
 class TritonServer:
     """A running PyTriton server process (its own session, so its children die with it)."""
 
-    def __init__(
-        self,
-        process: subprocess.Popen[bytes],
-        http_port: int,
-        grpc_port: int,
-        metrics_port: int,
-        model_name: str,
-        log_path: Path,
-    ) -> None:
-        self.process = process
-        self.http_port = http_port
-        self.grpc_port = grpc_port
-        self.metrics_port = metrics_port
-        self.model_name = model_name
-        self.log_path = log_path
-        self.url = f"http://127.0.0.1:{http_port}"
+    process: subprocess.Popen[bytes]
+    http_port: int
+    grpc_port: int
+    metrics_port: int
+    model_name: str
+    log_path: Path
+
+    @property
+    def url(self) -> str:
+        """The server's HTTP address."""
+        return f"http://127.0.0.1:{self.http_port}"
 
     def model_url(self, endpoint: str = "") -> str:
         """``{url}/v2/models/{model}`` plus ``/endpoint`` when given."""

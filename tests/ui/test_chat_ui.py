@@ -29,14 +29,9 @@ from chat_ui.gateway_client import (  # noqa: E402
     api_messages,
     gateway_url_from,
 )
+from harness.servers import ServerThread, reserve_socket, start_gateway, url_of  # noqa: E402
 from tests.support.default_model import MODEL_ID  # noqa: E402
 from tests.support.paths import REPO_ROOT  # noqa: E402
-from tests.support.servers import (  # noqa: E402
-    ServerThread,
-    reserve_socket,
-    start_gateway,  # noqa: E402
-    url_of,
-)
 
 APP_FILE = str(REPO_ROOT / "chat_ui_app.py")
 QUESTION = "What is the capital of France?"

@@ -32,9 +32,10 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 from selenium.webdriver.support import expected_conditions as ec  # noqa: E402
 from selenium.webdriver.support.ui import WebDriverWait  # noqa: E402
 
+from harness.network import free_port  # noqa: E402
+from harness.servers import ServerThread  # noqa: E402
+from harness.waiting import wait_until  # noqa: E402
 from tests.support.paths import REPO_ROOT  # noqa: E402
-from tests.support.servers import ServerThread, reserve_socket  # noqa: E402
-from tests.support.waiting import wait_until  # noqa: E402
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -43,15 +44,10 @@ CHAT_INPUT = 'textarea[data-testid="stChatInputTextArea"]'
 CHAT_MESSAGE = '[data-testid="stChatMessage"]'
 
 
-def _free_port() -> int:
-    with reserve_socket() as sock:
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def chat_ui(sb_gateway: ServerThread, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``streamlit run chat_ui_app.py`` on a free port; yields its URL."""
-    port = _free_port()
+    port = free_port()
     log_file = tmp_path_factory.mktemp("chat_ui") / "streamlit.log"
     command = [
         sys.executable, "-m", "streamlit", "run", str(REPO_ROOT / "chat_ui_app.py"),

@@ -283,11 +283,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model-dir", type=Path, required=True, help="Hugging Face model folder")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--num-threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument(
-        "--chat-template",
-        action="store_true",
-        help="render text as one user message with the model's chat template",
-    )
+    chat_help = "render text as one user message with the model's chat template"
+    parser.add_argument("--chat-template", action="store_true", help=chat_help)
     return parser.parse_args(argv)
 
 

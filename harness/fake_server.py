@@ -1,16 +1,20 @@
-"""A fake model server for the gateway tests, served by a real uvicorn in a thread.
+"""The one fake model server of the tests and benchmarks: in a thread, or as a program.
 
-The fake server stands in for a CB/SB model server: it answers ``/health`` with a chosen model
-id and load, ``/v1/models``, and ``/generate`` + ``/v1/completions`` + ``/v1/chat/completions``
-with deterministic text (``"[<name>] w1 w2 ..."``), streaming one word per SSE event. It can be
-told to fail, to hold a stream after its first event, or to break a stream off, and it counts
-what happened to its streams. Like a real server it refuses (404) a model it does not serve,
-so a wrongly routed request fails loudly, and it validates bodies with the protocol's models
-(400 naming the field), as our servers do: the gateway forwards bodies without judging them.
+It stands in for a CB/SB model server or an OpenAI upstream: ``/health`` (a chosen model id
+and load), ``/v1/models``, ``/_stats`` (its request count), and the three generation endpoints
+with deterministic text (``"[<name>] w1 w2 ..."``; an *echo* server answers the prompt's words
+reversed, so that another request's answer cannot pass for right), one word per SSE event. It
+fails, holds or breaks streams on demand and counts what happened to them. Like a real server
+it refuses (404) a model it does not serve and validates bodies with the protocol's models (400
+naming the field): the gateway forwards bodies without judging them.
+
+``start_fake_server`` serves one in a thread; ``fake_servers_args`` is the program that serves
+several (port -> settings) in one process, for a test host or a deployment.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
 import json
@@ -23,10 +27,10 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
+from harness.servers import ServerThread, serve_by_port
 from protocol.generation import GenerateRequest
 from protocol.health import HealthResponse, LoadReport, ServerKind
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
-from tests.support.servers import ServerThread
 from utils.errors import APIError, parse_json_body
 from utils.sse import SSE_HEADERS, encode_done, encode_event
 
@@ -44,7 +48,7 @@ _SCHEMAS: dict[str, type[GenerateRequest | CompletionRequest | ChatCompletionReq
 class FakeServerSettings:
     """How a fake server behaves (mutable while it runs) and what it observed."""
 
-    model_id: str = "fake-model"
+    model_id: str | None = "fake-model"  # None: any model (an OpenAI upstream's way)
     name: str = "fake"
     kind: ServerKind = "static_batching"
     status: str = "ok"
@@ -74,8 +78,12 @@ class FakeServerSettings:
     is_validating: bool = True
     #: Like an OpenAI upstream: these bearer keys get this status (e.g. 429 for a spent key).
     fail_status_by_key: dict[str, int] = field(default_factory=dict)
-    # Observations.
-    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: The Retry-After (seconds) of every error answer.
+    retry_after_seconds: int = 7
+    #: Answer the prompt's words reversed, paced like a model: ``stream_delay_seconds`` before
+    #: every event (and per word before a whole answer), instead of the canned text.
+    is_echo: bool = False
+    requests: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # observations:
     #: The Authorization header of each generation request ("" when absent).
     authorizations: list[str] = field(default_factory=list)
     #: The X-Request-ID header of each generation request ("" when absent).
@@ -85,25 +93,39 @@ class FakeServerSettings:
     num_streams_cancelled: int = 0
     num_answers_abandoned: int = 0
 
-    def pieces(self) -> list[str]:
-        """The answer, one piece per stream event."""
+    def pieces(self, body: dict[str, Any] | None = None) -> list[str]:
+        """The answer to ``body``, one piece per stream event."""
+        if self.is_echo:
+            words = echo_text(_prompt_of(body or {})).split()
+            return [w if i == 0 else f" {w}" for i, w in enumerate(words)]
         return [f"[{self.name}]"] + [f" w{i}" for i in range(1, self.num_stream_events)]
 
-    def text(self) -> str:
+    def text(self, body: dict[str, Any] | None = None) -> str:
         """The whole answer text."""
-        return "".join(self.pieces())
+        return "".join(self.pieces(body))
 
 
-def _error(status: int, message: str, error_type: str = "fake_error") -> JSONResponse:
+def echo_text(prompt: str) -> str:
+    """An echo server's answer to ``prompt``: its words reversed."""
+    return " ".join(reversed(prompt.split()))
+
+
+def _prompt_of(body: dict[str, Any]) -> str:
+    messages = body.get("messages")
+    return messages[-1]["content"] if messages else body.get("prompt", "")
+
+
+def _error(settings: FakeServerSettings, status: int, message: str, error_type: str) -> Response:
     body = {"error": {"type": error_type, "message": message, "code": status, "param": None}}
-    return JSONResponse(body, status_code=status, headers={"Retry-After": "7"})
+    headers = {"Retry-After": str(settings.retry_after_seconds)}
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _payloads(path: str, body: dict[str, Any], settings: FakeServerSettings) -> list[dict]:
     """The stream chunks of an answer, in the wire format of ``path``."""
     request_id = f"fake-{next(_ids)}"
-    model = settings.model_id
-    pieces = settings.pieces()
+    model = settings.model_id or body.get("model")
+    pieces = settings.pieces(body)
     usage = {"prompt_tokens": 2, "completion_tokens": len(pieces), "total_tokens": 2 + len(pieces)}
     chunks: list[dict] = []
     for i, piece in enumerate(pieces):
@@ -128,10 +150,10 @@ def _payloads(path: str, body: dict[str, Any], settings: FakeServerSettings) -> 
     return chunks
 
 
-def _full_answer(path: str, settings: FakeServerSettings) -> dict[str, Any]:
+def _full_answer(path: str, body: dict[str, Any], settings: FakeServerSettings) -> dict[str, Any]:
     request_id = f"fake-{next(_ids)}"
-    text, model = settings.text(), settings.model_id
-    num_pieces = len(settings.pieces())
+    text, model = settings.text(body), settings.model_id or body.get("model")
+    num_pieces = len(settings.pieces(body))
     usage = {"prompt_tokens": 2, "completion_tokens": num_pieces, "total_tokens": 2 + num_pieces}
     if path == "/generate":
         choice: dict[str, Any] = {"index": 0, "text": text, "finish_reason": "length"}
@@ -158,7 +180,7 @@ async def _stream(chunks: list[dict], settings: FakeServerSettings) -> AsyncIter
             if i == 1 and settings.stream_gate is not None:
                 while not settings.stream_gate.is_set():
                     await asyncio.sleep(0.005)
-            elif i > 0:
+            elif i > 0 or settings.is_echo:
                 await asyncio.sleep(settings.stream_delay_seconds)
             yield encode_event(chunk)
         yield encode_done()
@@ -178,7 +200,7 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
     @app.get("/health")
     async def health() -> Response:
         if settings.is_health_failing:
-            return _error(500, "health check failing (on purpose)")
+            return _error(settings, 500, "health check failing (on purpose)", "fake_error")
         report = HealthResponse(
             status=settings.status,  # type: ignore[arg-type]
             kind=settings.kind,
@@ -190,8 +212,12 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> ModelList:
-        card = ModelCard(id=settings.model_id, max_model_len=settings.max_model_len)
+        card = ModelCard(id=settings.model_id or "", max_model_len=settings.max_model_len)
         return ModelList(data=[card])
+
+    @app.get("/_stats")
+    async def stats() -> dict[str, int]:
+        return {"num_requests": len(settings.requests)}
 
     async def answer(request: Request) -> Response:
         path = request.url.path
@@ -207,14 +233,16 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
                 return exc.to_json_response()
         if settings.fail_status is not None:
             await asyncio.sleep(settings.fail_delay_seconds)
-            return _error(settings.fail_status, "failing (on purpose)", settings.fail_type)
+            message = "failing (on purpose)"
+            return _error(settings, settings.fail_status, message, settings.fail_type)
         key_status = settings.fail_status_by_key.get(authorization.removeprefix("Bearer "))
         if key_status is not None:
             # Real upstreams echo (part of) the key in some errors: the gateway must scrub it.
             message = f"key {authorization.removeprefix('Bearer ')} failed (on purpose)"
-            return _error(key_status, message)
-        if body.get("model") not in (None, "", settings.model_id):
-            return _error(404, f"model {body.get('model')!r} is not served here")
+            return _error(settings, key_status, message, "fake_error")
+        if settings.model_id is not None and body.get("model") not in (None, "", settings.model_id):
+            message = f"model {body.get('model')!r} is not served here"
+            return _error(settings, 404, message, "fake_error")
         if body.get("stream"):
             chunks = _payloads(path, body, settings)
             if settings.stream_error_message is not None:
@@ -231,7 +259,9 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
                 settings.num_answers_abandoned += 1
                 return Response(status_code=499)
             await asyncio.sleep(0.005)
-        return JSONResponse(_full_answer(path, settings))
+        if settings.is_echo:  # a model computes every word before a whole answer
+            await asyncio.sleep(settings.stream_delay_seconds * len(settings.pieces(body)))
+        return JSONResponse(_full_answer(path, body, settings))
 
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         app.add_api_route(path, answer, methods=["POST"])
@@ -241,5 +271,30 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
 def start_fake_server(
     settings: FakeServerSettings, sock: socket.socket | None = None
 ) -> ServerThread:
-    """A running fake model server."""
+    """A running fake model server in a thread of this process."""
     return ServerThread(build_fake_app(settings), sock).start()
+
+
+def settings_from_json(text: str) -> dict[int, FakeServerSettings]:
+    """``{"port": {FakeServerSettings field: value}}`` as settings by port (``--servers``)."""
+    # An unknown setting fails at once (the dataclass refuses the keyword).
+    return {int(port): FakeServerSettings(**values) for port, values in json.loads(text).items()}
+
+
+def fake_servers_args(host: str, servers: dict[int, dict[str, Any]]) -> list[str]:
+    """The command line (after the interpreter) that serves ``servers`` as a program."""
+    return ["-m", "harness.fake_server", "--host", host, "--servers", json.dumps(servers)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Serve the fake servers of ``--servers`` on ``--host`` until SIGTERM."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--servers", required=True, help='{"port": {setting: value}}')
+    args = parser.parse_args(argv)
+    servers = settings_from_json(args.servers)
+    serve_by_port(args.host, {port: build_fake_app(s) for port, s in servers.items()})
+
+
+if __name__ == "__main__":
+    main()

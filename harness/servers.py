@@ -1,4 +1,4 @@
-"""Real ASGI apps on 127.0.0.1 in background threads: any app, and the real gateway."""
+"""Real ASGI apps in background threads of the test process: any app, and the real gateway."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import itertools
 import json
 import socket
 import threading
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -15,7 +15,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI
 
-from tests.support.waiting import wait_until
+from harness.waiting import wait_until
 from utils.serving import uvicorn_options
 
 T = TypeVar("T")
@@ -23,14 +23,15 @@ T = TypeVar("T")
 _config_ids = itertools.count()
 
 
-def reserve_socket() -> socket.socket:
-    """A bound but not yet listening socket: its port refuses connections until served."""
+def reserve_socket(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
+    """A bound but not yet listening socket (``port`` 0: a free one): its port refuses
+    connections until served."""
     # proto=IPPROTO_TCP matters: asyncio only sets TCP_NODELAY on accepted sockets whose proto
     # says TCP, and without it every keep-alive answer waits ~40 ms for a delayed ACK.
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind(("127.0.0.1", 0))
+    sock.bind((host, port))
     return sock
 
 
@@ -111,6 +112,27 @@ def stop_all(*servers: ServerThread | None) -> None:
             server._http = None
 
 
+#: An ASGI application (what uvicorn serves).
+ASGIApp = Callable[[dict, Callable[[], Awaitable[dict]], Callable[[dict], Awaitable[None]]], Any]
+
+
+def serve_by_port(host: str, apps: dict[int, ASGIApp]) -> None:
+    """Serve ``apps[port]`` on each port of ``host`` in this process until it is terminated.
+
+    One uvicorn over all the ports (one event loop, one SIGTERM), each request going to its
+    port's app: many cheap servers (e.g. fakes) cost one process.
+    """
+
+    async def by_port(scope: dict, receive: Any, send: Any) -> None:
+        await apps[scope["server"][1]](scope, receive, send)
+
+    sockets = [reserve_socket(host, port) for port in apps]
+    config = uvicorn.Config(
+        by_port, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+    )
+    asyncio.run(uvicorn.Server(config).serve(sockets=sockets))
+
+
 def start_gateway(
     tmp_path: Path,
     static_batching_server_urls: list[str] | None = None,
@@ -135,3 +157,22 @@ def start_gateway(
     path = tmp_path / f"client_config_{next(_config_ids)}.json"
     path.write_text(json.dumps(config))
     return ServerThread(build_app(str(path)), http_parser=http_parser).start()
+
+
+def served(app: FastAPI, timeout_seconds: float = 10.0) -> Iterator[ServerThread]:
+    """Serve ``app`` in a thread, yield the server, stop it when resumed: a fixture's body
+    (``yield from served(app)``)."""
+    server = ServerThread(app).start(timeout_seconds)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def gateway_served(tmp_path: Path, **config: Any) -> Iterator[ServerThread]:
+    """:func:`start_gateway` (same arguments), yielded and stopped: a fixture's body."""
+    gateway = start_gateway(tmp_path, **config)
+    try:
+        yield gateway
+    finally:
+        gateway.stop()

@@ -1,4 +1,5 @@
-"""An independent GPTQ checkpoint writer for the tests (no code shared with the engine's reader).
+"""An independent GPTQ checkpoint writer for the tests and the int4 benchmark (no code shared
+with the engine's reader).
 
 It quantises linear layers with AutoGPTQ's min-max asymmetric 4-bit quantiser (round to
 nearest, per group; no calibration: the tests check the *format*), packs them the way AutoGPTQ
