@@ -6,7 +6,7 @@ rows of different lengths share a package; a choice with no token left is refuse
 HTTP a completions stream resumed from its ``: tokens`` comments ends as the undisturbed one.
 
 Seeded sampling is not checked: ``generate`` does not reproduce the first server's draws (see
-``server.static_batching.worker``)."""
+``server.static_batching.rows``)."""
 
 from __future__ import annotations
 
