@@ -16,7 +16,7 @@ from pydantic import ValidationError
 
 from server.continuous_batching.cb_server_config import load_cb_server_config
 from server.continuous_batching.engine_config import CacheConfig, EngineConfig
-from server.continuous_batching.model import ModelArchConfig, kv_bytes_per_block
+from server.continuous_batching.model import ModelArchConfig, kv_bytes_per_block, read_hf_config
 from server.continuous_batching.runner import model_runner as model_runner_module
 from server.continuous_batching.runner.kv_cache import (
     KVCache,
@@ -105,7 +105,7 @@ def test_last_swap_out_to_wait_picks_the_latest_needed() -> None:
 # -- a real swap round trip on CPU tensors ---------------------------------------------------
 @pytest.fixture
 def tiny_arch() -> ModelArchConfig:
-    return ModelArchConfig.from_hf_config(TINY_LLAMA)
+    return read_hf_config(TINY_LLAMA)
 
 
 def block(cache: torch.Tensor, index: int) -> torch.Tensor:

@@ -18,12 +18,12 @@ from transformers import LlamaForCausalLM as HFLlama
 from server.continuous_batching.engine_config import ModelLoadingConfig
 from server.continuous_batching.model import (
     LlamaForCausalLM,
-    ModelArchConfig,
     UnsupportedModelError,
     build_attention_metadata,
     kv_bytes_per_block,
     kv_cache_shape,
     paged_attention,
+    read_hf_config,
 )
 from server.continuous_batching.model.decoder_ops import TorchDecoderOps, decoder_ops_for
 from server.continuous_batching.model.paged_attention import BLOCK_DIAGONAL_MAX_KV_HEADS
@@ -272,7 +272,7 @@ def test_config_reads_legacy_rope_scaling() -> None:
         "rope_theta": 500000.0,
         "rope_scaling": {"type": "linear", "factor": 2.0},
     }
-    config = ModelArchConfig.from_hf_config(legacy)
+    config = read_hf_config(legacy)
     assert config.rope_theta == 500000.0
     assert config.rope_scaling == {"rope_type": "linear", "factor": 2.0}
     assert config.head_dim == 4 and config.num_key_value_heads == 2

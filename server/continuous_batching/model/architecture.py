@@ -1,9 +1,12 @@
-"""Architecture description of a llama-family model, read from a Hugging Face ``config.json``.
+"""Architecture description of a decoder-only model, as the forward pass needs it.
 
-Only the fields the forward pass needs are kept. transformers 5 writes RoPE settings as
-``rope_parameters = {rope_theta, rope_type, ...}``; older configs write ``rope_theta`` plus an
-optional ``rope_scaling = {rope_type | type, factor, ...}``. Both are read into the same two
-fields (``rope_theta`` and ``rope_scaling``).
+Each family's reader (``families``) fills it from a Hugging Face ``config.json``; the GGUF
+reader from a file's metadata. Only the fields the forward pass needs are kept.
+
+transformers 5 writes RoPE settings as ``rope_parameters = {rope_theta, rope_type, ...}``;
+older configs write ``rope_theta`` plus an optional ``rope_scaling = {rope_type | type,
+factor, ...}``. ``read_rope`` reads both into the same two fields (``rope_theta`` and
+``rope_scaling``).
 """
 
 from __future__ import annotations
@@ -11,25 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-#: Architectures whose checkpoints map onto our llama module unchanged (same tensor names, same
-#: math). Qwen2 differs only by q/k/v biases without an o_proj bias, which the config covers.
-SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-}
-
 #: RoPE variants the rotary module implements ("default" is stored as ``rope_scaling=None``).
 SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
 
 
 class UnsupportedModelError(ValueError):
-    """The checkpoint is not a llama-family model this engine can run."""
+    """The checkpoint is not a model this engine can run (the message names what is not)."""
 
 
 @dataclass
 class ModelArchConfig:
-    """Shapes and constants of a llama-family decoder-only model."""
+    """Shapes and constants of a decoder-only model (llama and the families built on it)."""
 
     vocab_size: int
     hidden_size: int
@@ -51,6 +46,9 @@ class ModelArchConfig:
     architecture: str = "LlamaForCausalLM"
     #: The checkpoint's ``model_type`` (config.json; "llama" for a llama GGUF).
     model_type: str = "llama"
+    #: Which decoder block runs it (``layer_classes.LAYER_CLASSES``); set by the family's
+    #: config reader (``families``).
+    family: str = "llama"
 
     @property
     def q_size(self) -> int:
@@ -62,49 +60,8 @@ class ModelArchConfig:
         """Width of the key (or value) projection (all kv heads)."""
         return self.num_key_value_heads * self.head_dim
 
-    @classmethod
-    def from_hf_config(cls, d: dict[str, Any]) -> ModelArchConfig:
-        """Build from a parsed ``config.json``; raise UnsupportedModelError for other families."""
-        architectures = d.get("architectures") or []
-        arch = architectures[0] if architectures else None
-        if arch not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModelError(
-                f"unsupported model architecture {arch!r} (model_type {d.get('model_type')!r}): "
-                f"the continuous-batching engine runs {sorted(SUPPORTED_ARCHITECTURES)}"
-            )
-        hidden_act = d.get("hidden_act", "silu")
-        if hidden_act != "silu":
-            raise UnsupportedModelError(f"unsupported hidden_act {hidden_act!r}: only 'silu'")
-        if d.get("use_sliding_window") and d.get("sliding_window"):
-            raise UnsupportedModelError("sliding-window attention is not supported")
-        heads = int(d["num_attention_heads"])
-        hidden = int(d["hidden_size"])
-        qwen2 = SUPPORTED_ARCHITECTURES[arch] == "qwen2"
-        attention_bias = True if qwen2 else bool(d.get("attention_bias", False))
-        rope_theta, rope_scaling = _read_rope(d)
-        return cls(
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(d["intermediate_size"]),
-            num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=heads,
-            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
-            head_dim=int(d.get("head_dim") or hidden // heads),
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            max_position_embeddings=int(d.get("max_position_embeddings", 2048)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            attention_bias=attention_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)),
-            hidden_act=hidden_act,
-            o_proj_bias=attention_bias and not qwen2,
-            architecture=arch,
-            model_type=d.get("model_type") or SUPPORTED_ARCHITECTURES[arch],
-        )
 
-
-def _read_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
+def read_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """Return (rope_theta, rope_scaling or None) from either config generation."""
     params = d.get("rope_parameters")
     if isinstance(params, dict) and params:

@@ -1,4 +1,5 @@
-"""Llama-family decoder (llama, mistral, qwen2) for the continuous-batching engine.
+"""The decoder-only causal LM of the continuous-batching engine (llama and the families
+built on its block: ``layer_classes``).
 
 The tokens of every sequence in a step (prefill chunks and decodes alike) are flattened into
 one [num_tokens] axis and go through one forward. Per layer that is: RMSNorm, one fused q/k/v
@@ -13,7 +14,6 @@ no host synchronisation happen inside the forward.
 from __future__ import annotations
 
 import logging
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
@@ -25,10 +25,12 @@ from . import cpu_isa, triton_fused, triton_paged_attention
 from .architecture import ModelArchConfig
 from .attention import AttentionMetadata
 from .cpu_isa import CpuPath
+from .decoder_layer import LlamaDecoderLayer, param
 from .decoder_ops import TorchDecoderOps, decoder_ops_for
-from .linear import Linear, LinearLike, Packing, choose_packing
+from .layer_classes import layer_class_for
+from .linear import Linear, choose_packing
 from .paged_attention import AttentionBackend, LayerCache, PagedAttention
-from .rotary import RopeRows, RotaryTables
+from .rotary import RotaryTables
 
 logger = logging.getLogger(__name__)
 
@@ -41,22 +43,8 @@ __all__ = [
 ]
 
 
-#: The four matmuls of a layer -> the (weight, bias) parameters a dense ``Linear`` is built from.
-DENSE_PARAMS: dict[str, tuple[str, str]] = {
-    "qkv": ("qkv_weight", "qkv_bias"),
-    "o_proj": ("o_weight", "o_bias"),
-    "gate_up": ("gate_up_weight", "gate_up_bias"),
-    "down": ("down_weight", "down_bias"),
-}
-
-
 #: Per row, the 16-bit logits of this many best candidates are recomputed in float32.
 NUM_REFINED_LOGITS = 8
-
-
-def _param(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> nn.Parameter:
-    """Uninitialised inference-only parameter (the loader fills it)."""
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
 def kv_cache_shape(config: ModelArchConfig, num_blocks: int, block_size: int) -> tuple[int, ...]:
@@ -68,129 +56,6 @@ def kv_bytes_per_block(config: ModelArchConfig, block_size: int, dtype: torch.dt
     """Bytes one block takes across all layers, K and V together."""
     per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
     return per_token * block_size * dtype.itemsize
-
-
-class LlamaDecoderLayer(nn.Module):
-    """One transformer block with q/k/v and gate/up fused into single weight matrices."""
-
-    def __init__(self, config: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__()
-        hidden, inter = config.hidden_size, config.intermediate_size
-        qkv_rows = config.q_size + 2 * config.kv_size
-        self.input_layernorm = _param((hidden,), dtype, device)
-        self.qkv_weight = _param((qkv_rows, hidden), dtype, device)
-        self.qkv_bias = _param((qkv_rows,), dtype, device) if config.attention_bias else None
-        self.o_weight = _param((hidden, config.q_size), dtype, device)
-        self.o_bias = _param((hidden,), dtype, device) if config.o_proj_bias else None
-        self.post_attention_layernorm = _param((hidden,), dtype, device)
-        self.gate_up_weight = _param((2 * inter, hidden), dtype, device)
-        self.gate_up_bias = _param((2 * inter,), dtype, device) if config.mlp_bias else None
-        self.down_weight = _param((hidden, inter), dtype, device)
-        self.down_bias = _param((hidden,), dtype, device) if config.mlp_bias else None
-        self.eps = config.rms_norm_eps
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = config.head_dim
-        self.inter = inter
-        #: Matmuls installed by ``replace_linears`` (quantised); ``finalize`` keeps them.
-        self.replaced: set[str] = set()
-        self.finalize("none")
-
-    def finalize(self, packing: Packing, kernels: ModuleType | None = None) -> None:
-        """Build the dense matmul callables from the (loaded) parameters, packed as
-        ``packing`` says (``kernels``: the fused CPU extension; see ``Linear``).
-
-        Prepacking is final: the plain weights are released (the packed copy replaces them),
-        so the model holds each matrix once.
-        """
-        for name, (weight, bias) in DENSE_PARAMS.items():
-            if name in self.replaced:
-                continue
-            param = getattr(self, weight)
-            if param is None or param.numel() == 0:
-                raise RuntimeError("finalize() after prepacking: the plain weights are gone")
-            setattr(self, name, Linear(param, getattr(self, bias), packing, kernels))
-            if packing != "none":
-                param.data = param.data.new_empty(0)
-
-    def replace_linears(self, linears: dict[str, LinearLike]) -> None:
-        """Install other implementations (e.g. GPTQ int4) of some of the four matmuls, keyed
-        as in ``DENSE_PARAMS``, and drop the dense parameters they stand in for: the memory
-        saving of a quantised checkpoint is the point, and the loader then no longer expects
-        those tensors (``hf_weight_targets`` skips absent parameters)."""
-        for name, linear in linears.items():
-            weight, bias = DENSE_PARAMS[name]
-            setattr(self, weight, None)
-            setattr(self, bias, None)
-            setattr(self, name, linear)
-            self.replaced.add(name)
-
-    def hf_weight_targets(
-        self, c: ModelArchConfig
-    ) -> dict[str, tuple[torch.Tensor | None, int, int]]:
-        """HF tensor names within a layer -> (parameter or None if absent, row range)."""
-        q, kv, inter, hidden = c.q_size, c.kv_size, c.intermediate_size, c.hidden_size
-        fused = {
-            "self_attn.q_proj": (self.qkv_weight, self.qkv_bias, 0, q),
-            "self_attn.k_proj": (self.qkv_weight, self.qkv_bias, q, q + kv),
-            "self_attn.v_proj": (self.qkv_weight, self.qkv_bias, q + kv, q + 2 * kv),
-            "self_attn.o_proj": (self.o_weight, self.o_bias, 0, hidden),
-            "mlp.gate_proj": (self.gate_up_weight, self.gate_up_bias, 0, inter),
-            "mlp.up_proj": (self.gate_up_weight, self.gate_up_bias, inter, 2 * inter),
-            "mlp.down_proj": (self.down_weight, self.down_bias, 0, hidden),
-        }
-        targets: dict[str, tuple[torch.Tensor | None, int, int]] = {
-            "input_layernorm.weight": (self.input_layernorm, 0, hidden),
-            "post_attention_layernorm.weight": (self.post_attention_layernorm, 0, hidden),
-        }
-        for name, (weight, bias, start, end) in fused.items():
-            targets[f"{name}.weight"] = (weight, start, end)
-            targets[f"{name}.bias"] = (bias, start, end)
-        return targets
-
-    def forward(
-        self,
-        x: torch.Tensor,
-        delta: torch.Tensor | None,
-        rope: RopeRows,
-        kv_cache: LayerCache,
-        attention: PagedAttention,
-        ops: TorchDecoderOps,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x: residual stream [T, hidden]; delta: the previous layer's output not yet added
-        to it (None: nothing pending). Returns (x, delta) likewise: a 16-bit model's float32
-        stream takes each output in the next norm's pass (``add_rms_norm``)."""
-        h = self._norm(x, delta, self.input_layernorm, ops)
-        # RoPE on q and k, and this step's K/V stored in the cache.
-        q = ops.rope_write_kv(self.qkv(h), rope, kv_cache, attention)
-        # Attention reads K/V back from the cache (including this step's): chunked prefill,
-        # whole prefill and decode then see exactly the same keys.
-        attn = attention(q, kv_cache[0], kv_cache[1])
-        x, delta = self._residual(x, self.o_proj, attn)
-        h = self._norm(x, delta, self.post_attention_layernorm, ops)
-        return self._residual(x, self.down, ops.silu_and_mul(self.gate_up(h)))
-
-    def _norm(
-        self,
-        x: torch.Tensor,
-        delta: torch.Tensor | None,
-        weight: torch.Tensor,
-        ops: TorchDecoderOps,
-    ) -> torch.Tensor:
-        """RMSNorm of x, after adding the pending ``delta`` to it in place."""
-        if delta is None:
-            return ops.rms_norm(x, weight, self.eps)
-        return ops.add_rms_norm(x, delta, weight, self.eps)
-
-    @staticmethod
-    def _residual(
-        residual: torch.Tensor, linear: LinearLike, x: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(residual + linear(x), None), fused into the matmul when the dtypes agree; else
-        (residual, linear(x)): the add is left to the next norm."""
-        if residual.dtype == x.dtype:
-            return linear.add_to(residual, x), None
-        return residual, linear(x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -211,15 +76,16 @@ class LlamaForCausalLM(nn.Module):
         self.dtype = dtype
         self.device = torch.device(device)
         self.cpu_path = cpu_path or cpu_isa.resolve()
-        self.embed_tokens = _param((config.vocab_size, config.hidden_size), dtype, self.device)
+        self.embed_tokens = param((config.vocab_size, config.hidden_size), dtype, self.device)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, dtype, self.device) for _ in range(config.num_hidden_layers)
+            layer_class_for(config, i)(config, dtype, self.device)
+            for i in range(config.num_hidden_layers)
         )
-        self.norm = _param((config.hidden_size,), dtype, self.device)
+        self.norm = param((config.hidden_size,), dtype, self.device)
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
         else:
-            self.lm_head = _param((config.vocab_size, config.hidden_size), dtype, self.device)
+            self.lm_head = param((config.vocab_size, config.hidden_size), dtype, self.device)
         self.rotary = RotaryTables(config, dtype, self.device)
         self.residual_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
         self.lm_head_linear = Linear(self.lm_head, None)
@@ -287,9 +153,9 @@ class LlamaForCausalLM(nn.Module):
         if not c.tie_word_embeddings:
             targets["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
         for i, layer in enumerate(self.layers):
-            for suffix, (param, start, end) in layer.hf_weight_targets(c).items():
-                if param is not None:
-                    targets[f"model.layers.{i}.{suffix}"] = (param, start, end)
+            for suffix, (target, start, end) in layer.hf_weight_targets(c).items():
+                if target is not None:
+                    targets[f"model.layers.{i}.{suffix}"] = (target, start, end)
         return targets
 
     @torch.inference_mode()

@@ -37,6 +37,7 @@ from ..quantization.gptq import (
 from ..quantization.quant_linear import QuantLinear, fuse
 from . import cpu_isa
 from .architecture import ModelArchConfig
+from .families import read_hf_config
 from .llama import LlamaForCausalLM
 from .weights_gguf import iter_gguf, open_gguf, read_gguf_config
 
@@ -70,7 +71,7 @@ def read_arch_config(model_path: str | Path) -> ModelArchConfig:
     config_file = Path(model_path) / "config.json"
     if not config_file.is_file():
         raise FileNotFoundError(f"no config.json in model folder {model_path}")
-    return ModelArchConfig.from_hf_config(json.loads(config_file.read_text()))
+    return read_hf_config(json.loads(config_file.read_text()))
 
 
 def safetensors_files(model_path: str | Path) -> list[Path]:

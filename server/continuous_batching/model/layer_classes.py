@@ -1,0 +1,22 @@
+"""Which decoder block each model family runs (``ModelArchConfig.family`` -> block class).
+
+A family whose block differs from llama's adds its own module with a ``LlamaDecoderLayer``
+subclass and one line here; its config reader (``families``) sets ``family``.
+"""
+
+from __future__ import annotations
+
+from .architecture import ModelArchConfig
+from .decoder_layer import LlamaDecoderLayer
+
+#: family -> block class. Families absent here run the llama block unchanged.
+LAYER_CLASSES: dict[str, type[LlamaDecoderLayer]] = {
+    "llama": LlamaDecoderLayer,
+}
+
+
+def layer_class_for(config: ModelArchConfig, layer_index: int) -> type[LlamaDecoderLayer]:
+    """The block class of layer ``layer_index`` (a family may mix kinds, e.g. dense and
+    mixture-of-experts layers)."""
+    del layer_index  # every family so far has one block kind
+    return LAYER_CLASSES.get(config.family, LlamaDecoderLayer)
