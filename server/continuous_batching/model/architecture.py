@@ -49,6 +49,20 @@ class ModelArchConfig:
     #: Which decoder block runs it (``layer_classes.LAYER_CLASSES``); set by the family's
     #: config reader (``families``).
     family: str = "llama"
+    #: Attention window in tokens of the layers whose ``layer_types`` entry is
+    #: "sliding_attention" (every layer when ``layer_types`` is empty); None: full attention.
+    sliding_window: int | None = None
+    #: Per layer "full_attention" or "sliding_attention" (transformers' ``layer_types``);
+    #: empty: every layer alike.
+    layer_types: tuple[str, ...] = ()
+
+    def window_of(self, layer_index: int) -> int | None:
+        """The attention window of layer ``layer_index`` in tokens (None: full attention)."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types and self.layer_types[layer_index] != "sliding_attention":
+            return None
+        return self.sliding_window
 
     @property
     def q_size(self) -> int:
