@@ -30,6 +30,12 @@ are rows too, each attending its own position + 1 keys (on this 2-core machine 2
 than the masked SDPA for ten 100-token prompts, 1.7x for one 1,000-token prompt). Steps the
 kernels do not take keep the torch path above, which stays the reference both kernels are
 tested against.
+
+Per-layer options go to each call, the step's plans staying shared: a sliding ``window``
+(Mistral, Qwen2's upper layers, Gemma), logit soft-capping and the score ``scale``. The torch
+path narrows the causal masks to a window once per forward and window (``_window_plans``);
+the kernels start each row at its window's first position, so they never read the blocks the
+block manager freed before it.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 // Decode attention straight from the paged K/V cache: one query token per row, keys and values
 // read through the row's block table (no gather copy), one pass per row with an online
-// softmax. One body for every vector ISA (simd.h); the scalar loops below serve head sizes
+// softmax (from the row's sliding-window start when it has a window, with optional logit
+// soft-capping). One body for every vector ISA (simd.h); the scalar loops below serve head sizes
 // and dtypes without a vector pass.
 #pragma once
 
