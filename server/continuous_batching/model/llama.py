@@ -81,6 +81,8 @@ class LlamaForCausalLM(nn.Module):
             layer_class_for(config, i)(config, dtype, self.device)
             for i in range(config.num_hidden_layers)
         )
+        for i, layer in enumerate(self.layers):
+            layer.attention_window = config.window_of(i)
         self.norm = param((config.hidden_size,), dtype, self.device)
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
