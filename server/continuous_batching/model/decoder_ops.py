@@ -49,6 +49,12 @@ class TorchDecoderOps:
         inter = gate_up.shape[-1] // 2
         return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
 
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GELU(gate, tanh approximation) * up of the fused gate/up output [T, 2I] -> [T, I]
+        (Gemma's GeGLU)."""
+        inter = gate_up.shape[-1] // 2
+        return F.gelu(gate_up[:, :inter], approximate="tanh").mul_(gate_up[:, inter:])
+
     def refine_logits(
         self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int
     ) -> torch.Tensor:
@@ -108,6 +114,10 @@ class FusedCpuDecoderOps(TorchDecoderOps):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """See ``TorchDecoderOps.silu_and_mul``."""
         return self.module.silu_and_mul(gate_up)
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """See ``TorchDecoderOps.gelu_tanh_and_mul``."""
+        return self.module.gelu_tanh_and_mul(gate_up)
 
     def refine_logits(
         self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int

@@ -91,9 +91,13 @@ class PagedAttention:
         backend: AttentionBackend = "torch",
         block_size: int = 0,
         kernels: ModuleType | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
     ) -> None:
         """``block_size`` is only read by the kernel backends (they address slots);
-        ``kernels``, the fused CPU extension (``cpu_kernels.load``), only by the cpu one."""
+        ``kernels``, the fused CPU extension (``cpu_kernels.load``), only by the cpu one.
+        ``scale``: of the scores (default head_dim ** -0.5); ``softcap``: scores become
+        ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2; None: off)."""
         self.meta = meta
         self.backend = backend
         #: A kernel runs this step (decode-only, triton or cpu backend); else torch.
@@ -108,7 +112,8 @@ class PagedAttention:
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.rep = num_heads // num_kv_heads
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
+        self.softcap = softcap
         self.plans = [self._plan(group, dtype) for group in meta.groups]
         self.bd_mask: torch.Tensor | None = None
         if any(p.block_rows is not None for p in self.plans):
@@ -168,6 +173,7 @@ class PagedAttention:
                 decode.context_lens,
                 self.block_size,
                 self.scale,
+                self.softcap or 0.0,
             )
             return out.view(q.shape[0], self.num_heads * self.head_dim)
         if self.is_kernel_step:
@@ -181,6 +187,7 @@ class PagedAttention:
                 block_size=self.block_size,
                 max_context_len=decode.max_context_len,
                 scale=self.scale,
+                softcap=self.softcap,
             )
             return out.view(q.shape[0], self.num_heads * self.head_dim)
         outs = [self._group(p, q, k_cache, v_cache) for p in self.plans]
@@ -204,16 +211,20 @@ class PagedAttention:
         if p.bias is not None:  # decode, per-head layout
             qg = qg.reshape(g * kvh, self.rep, d)
             k = k.view(g * kvh, p.k_len, d)
-            scores = torch.baddbmm(p.bias, qg, k.transpose(1, 2), alpha=self.scale)
+            scores = self._scores(p.bias, qg, k.transpose(1, 2))
             probs = torch.softmax(scores, dim=-1)
             return torch.bmm(probs, v.view(g * kvh, p.k_len, d)).view(g, self.num_heads * d)
         qg = qg.view(g, p.q_len, self.num_heads, d).transpose(1, 2)
+        if self.softcap is not None:
+            out = self._soft_capped_prefill(qg, k.view(g, kvh, p.k_len, d), v, p)
+            return out.transpose(1, 2).reshape(g * p.q_len, self.num_heads * d)
         out = F.scaled_dot_product_attention(
             qg,
             k.view(g, kvh, p.k_len, d),
             v.view(g, kvh, p.k_len, d),
             attn_mask=p.mask,
             enable_gqa=self.rep > 1,
+            scale=self.scale,
         )
         return out.transpose(1, 2).reshape(g * p.q_len, self.num_heads * d)
 
@@ -228,8 +239,34 @@ class PagedAttention:
         v = v_cache.view(-1, block_width).index_select(0, p.block_rows).view(g, p.k_len, width)
         # [G, heads, kv_heads * head_dim], zero outside each head's own kv-head slice.
         q_bd = (qg.unsqueeze(2) * self.bd_mask).view(g, self.num_heads, width)
-        scores = torch.baddbmm(p.bias, q_bd, k.transpose(1, 2), alpha=self.scale)
+        scores = self._scores(p.bias, q_bd, k.transpose(1, 2))
         out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [G, heads, kv_heads * head_dim]
         # Keep each head's own kv-head slice: the diagonal of (kv head of q, kv head of v).
         out = out.view(g, kvh, self.rep, kvh, d).diagonal(dim1=1, dim2=3)  # [G, rep, d, kvh]
         return out.permute(0, 3, 1, 2).reshape(g, self.num_heads * d)
+
+    def _scores(self, bias: torch.Tensor, q: torch.Tensor, k_t: torch.Tensor) -> torch.Tensor:
+        """Decode scores ``bias + scale * q @ k_t``; with a soft cap the cap comes before the
+        additive mask (as in transformers' eager Gemma 2 attention), so it is one op more."""
+        if self.softcap is None:
+            return torch.baddbmm(bias, q, k_t, alpha=self.scale)
+        scores = torch.bmm(q, k_t).mul_(self.scale)
+        return self._cap(scores).add_(bias)
+
+    def _cap(self, scores: torch.Tensor) -> torch.Tensor:
+        """``softcap * tanh(scores / softcap)`` in place, in transformers' order."""
+        return scores.div_(self.softcap).tanh_().mul_(self.softcap)
+
+    def _soft_capped_prefill(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: _GroupPlan
+    ) -> torch.Tensor:
+        """Prefill attention with soft-capped scores, which SDPA cannot do: explicit scores
+        [G, heads, Q, K] (K/V expanded to the query heads). q: [G, heads, Q, D], k:
+        [G, kv_heads, K, D], v: gathered rows [G * kv_heads * K, D]; returns [G, heads, Q, D]."""
+        g, d = p.num_seqs, self.head_dim
+        v = v.view(g, self.num_kv_heads, p.k_len, d)
+        if self.rep > 1:
+            k, v = k.repeat_interleave(self.rep, 1), v.repeat_interleave(self.rep, 1)
+        scores = self._cap(torch.matmul(q, k.transpose(-1, -2)).mul_(self.scale))
+        scores.masked_fill_(p.mask.logical_not(), float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1), v)

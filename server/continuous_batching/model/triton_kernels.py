@@ -23,6 +23,7 @@ def decode_partition_kernel(
     part_max_ptr,  # [num_seqs, num_heads, max_parts] fp32
     part_sum_ptr,  # [num_seqs, num_heads, max_parts] fp32
     scale,
+    softcap,  # read only with SOFTCAP
     stride_qs,
     stride_qh,
     stride_cs,
@@ -40,6 +41,7 @@ def decode_partition_kernel(
     PARTITION: tl.constexpr,
     IS_SINGLE_PARTITION: tl.constexpr,
     NATIVE_DOT: tl.constexpr,
+    SOFTCAP: tl.constexpr = False,
 ):
     # NATIVE_DOT: K/V (and q) stay in their 16-bit dtype and both products run on tensor
     # cores; the probabilities are rounded to that dtype for P @ V (as flash attention does).
@@ -75,6 +77,9 @@ def decode_partition_kernel(
                 k_head, v_head, block_row, pos, pos_ok, dims, dim_ok, stride_cs, block_size
             )
             scores = dot_f32(q, tl.trans(k), k, NATIVE_DOT) * scale
+            if SOFTCAP:
+                # softcap * tanh(scores / softcap); tanh from exp (also in the interpreter).
+                scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (scores / softcap)) + 1.0))
             scores = tl.where(pos_ok[None, :], scores, float("-inf"))
             m, lse, acc = _online_softmax_step(scores, v, m, lse, acc, NATIVE_DOT)
         out_mask = row_ok[:, None] & dim_ok[None, :]

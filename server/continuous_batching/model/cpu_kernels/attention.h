@@ -52,8 +52,8 @@ template <class S, typename T, int HD>
 void decode_sequence(const T* q, int64_t q_head_stride, const T* k_cache, const T* v_cache,
                      int64_t k_row, int64_t v_row, int64_t k_head, int64_t v_head, int64_t g0,
                      int64_t g1, int64_t rep, const int32_t* table, int64_t block_size,
-                     int64_t len, float scale, float* acc, float* run_max, float* run_sum,
-                     float* scores, T* out, int64_t out_head_stride) {
+                     int64_t len, float scale, float softcap, float* acc, float* run_max,
+                     float* run_sum, float* scores, T* out, int64_t out_head_stride) {
   using F = typename S::F;
   constexpr int W = S::W, V = HD / W;
   // Value vectors per pass: a slice of the head that fits the registers with R heads' sums.
@@ -119,6 +119,9 @@ void decode_sequence(const T* q, int64_t q_head_stride, const T* k_cache, const 
         const float s = S::reduce_add(dot.partial(k_rows[p] + g * k_head));
         sh[p] = kScaleScores ? s * scale : s;
       }
+      // Logit soft-capping (Gemma 2) in transformers' order: divide, tanh, multiply.
+      if (softcap > 0.0f)
+        for (int64_t i = 0; i < n; ++i) sh[i] = softcap * std::tanh(sh[i] / softcap);
       // The tail up to whole vectors scores -inf: it weighs exp(-87), ~1e-38, and no value
       // row is read for it.
       for (; p < n_padded; ++p) sh[p] = -INFINITY;
@@ -180,7 +183,7 @@ template <typename T>
 void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
                                  const at::Tensor& context_lens, int64_t block_size, double scale,
-                                 at::Tensor& out) {
+                                 double softcap, at::Tensor& out) {
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(1), rep = num_heads / num_kv_heads;
   const int64_t q_s0 = q.stride(0), q_s1 = q.stride(1);
@@ -193,7 +196,7 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const int32_t* tables = block_tables.data_ptr<int32_t>();
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
-  const float fscale = static_cast<float>(scale);
+  const float fscale = static_cast<float>(scale), fsoftcap = static_cast<float>(softcap);
 
   // Work items: whole sequences (each block's rows read as one contiguous stretch) when there
   // are enough of them to keep every thread busy, else (sequence, kv head) pairs. Longest
@@ -230,12 +233,12 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       switch (head_dim) {
         case 64:
           decode_sequence<Simd, T, 64>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
-                                       table, block_size, len, fscale, acc.data(), run_max,
+                                       table, block_size, len, fscale, fsoftcap, acc.data(), run_max,
                                        run_sum, scores.data(), os, head_dim);
           return;
         case 128:
           decode_sequence<Simd, T, 128>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
-                                        table, block_size, len, fscale, acc.data(), run_max,
+                                        table, block_size, len, fscale, fsoftcap, acc.data(), run_max,
                                         run_sum, scores.data(), os, head_dim);
           return;
         default:
@@ -258,6 +261,8 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
         for (int64_t r = 0; r < rep; ++r)
           all[r * len + p] = dot(qf.data() + r * head_dim, row.data(), head_dim);
       }
+      if (fsoftcap > 0.0f)
+        for (int64_t i = 0; i < rep * len; ++i) all[i] = fsoftcap * std::tanh(all[i] / fsoftcap);
       std::vector<float> inv_sum(rep);
       for (int64_t r = 0; r < rep; ++r) {
         float* sr = all.data() + r * len;
@@ -291,7 +296,7 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, int64_t block_size,
-                                  double scale) {
+                                  double scale, double softcap) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "bad ranks");
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1,
               "head_dim must be contiguous");
@@ -304,7 +309,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     paged_decode_attention_impl<scalar_t>(q, k_cache, v_cache, block_tables, context_lens,
-                                          block_size, scale, out);
+                                          block_size, scale, softcap, out);
   });
   return out;
 }
