@@ -71,10 +71,11 @@ def _case(query_lens, context_lens, heads, kv_heads, dim, dtype, seed):
     return q, k_cache, v_cache, tables, exact
 
 
-def _attention(meta, heads, kv_heads, dim, dtype, backend="torch", module=None) -> PagedAttention:
-    return PagedAttention(
-        meta, heads, kv_heads, dim, dtype, backend, BLOCK_SIZE, module, scale=SCALE, softcap=SOFTCAP
-    )
+def _attend(meta, q, k_cache, v_cache, backend="torch", module=None) -> torch.Tensor:
+    """Attention of a step with SCALE and SOFTCAP (6 heads over 2 kv heads)."""
+    attention = PagedAttention(meta, 6, 2, q.shape[2], q.dtype, backend, BLOCK_SIZE, module)
+    assert attention.is_kernel_step == (backend != "torch")
+    return attention(q, k_cache, v_cache, softcap=SOFTCAP, scale=SCALE)
 
 
 @pytest.mark.parametrize("max_kv_heads", [4, 0], ids=["block_diagonal", "per_head"])
@@ -85,10 +86,10 @@ def test_torch_paths_soft_cap_before_the_mask(query_lens, max_kv_heads, monkeypa
     context_lens = [3, 17, 40, 12]
     q, k_cache, v_cache, tables, exact = _case(query_lens, context_lens, 6, 2, 16, torch.float32, 1)
     meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, CPU)
-    out = _attention(meta, 6, 2, 16, torch.float32)(q, k_cache, v_cache)
+    out = _attend(meta, q, k_cache, v_cache)
     torch.testing.assert_close(out.double(), exact, atol=2e-5, rtol=0)
     # The cap matters here: uncapped attention is far from it.
-    plain = PagedAttention(meta, 6, 2, 16, torch.float32, scale=SCALE)(q, k_cache, v_cache)
+    plain = PagedAttention(meta, 6, 2, 16, torch.float32)(q, k_cache, v_cache, scale=SCALE)
     assert (plain.double() - exact).abs().max().item() > 0.05
 
 
@@ -108,11 +109,9 @@ def test_cpu_kernel_soft_caps_like_exact(kernels, dtype, dim, query_lens) -> Non
         with_decode_tables=True,
         kernel_takes_prefill=True,
     )
-    attention = _attention(meta, 6, 2, dim, dtype, "cpu", kernels)
-    assert attention.is_kernel_step
-    out = attention(q, k_cache, v_cache)
+    out = _attend(meta, q, k_cache, v_cache, "cpu", kernels)
     torch_meta = build_attention_metadata(query_lens, context_lens, tables, BLOCK_SIZE, CPU)
-    reference = _attention(torch_meta, 6, 2, dim, dtype)(q, k_cache, v_cache)
+    reference = _attend(torch_meta, q, k_cache, v_cache)
     kernel_error = (out.double() - exact).abs().max().item()
     torch_error = (reference.double() - exact).abs().max().item()
     assert kernel_error <= max(torch_error, TOLERANCE[dtype] / 4) * 1.01

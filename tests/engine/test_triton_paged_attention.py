@@ -140,10 +140,10 @@ def test_decode_attention_soft_capped_with_a_scale(partition: int | None) -> Non
         options["launch"] = tpa.DecodeLaunch(tile=16, num_warps=1, num_stages=1)
     got = _run_kernel(q, k_cache, v_cache, tables, context_lens, 16, **options)
     meta = build_attention_metadata([1] * 4, context_lens, tables, 16, torch.device("cpu"))
-    capped = PagedAttention(meta, 8, 2, 32, torch.float32, scale=scale, softcap=cap)
-    want = capped(q, k_cache, v_cache).view(q.shape)
+    attention = PagedAttention(meta, 8, 2, 32, torch.float32)
+    want = attention(q, k_cache, v_cache, softcap=cap, scale=scale).view(q.shape)
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
-    plain = PagedAttention(meta, 8, 2, 32, torch.float32, scale=scale)(q, k_cache, v_cache)
+    plain = attention(q, k_cache, v_cache, scale=scale)
     assert (plain.view(q.shape) - want).abs().max() > 0.05
 
 

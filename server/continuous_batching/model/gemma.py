@@ -11,8 +11,8 @@ What differs from llama, and where it is done here:
 * GeGLU with the tanh GELU (``gelu_tanh_and_mul``).
 * Embeddings times sqrt(hidden), the factor rounded to the model dtype as transformers does.
 * Scores scaled by ``query_pre_attn_scalar ** -0.5`` and, in Gemma 2, soft-capped (the
-  attention paths take ``attention_scale``/``attn_logit_softcap`` from the config); output
-  logits soft-capped (``compute_logits``).
+  block passes ``attention_scale``/``attn_logit_softcap`` to each attention call, with its
+  layer's sliding window); output logits soft-capped (``compute_logits``).
 * Gemma 3's sliding-window layers have their own RoPE base (``layer_ropes``).
 """
 

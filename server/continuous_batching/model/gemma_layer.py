@@ -27,6 +27,8 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         self.is_qk_normed = config.family == "gemma3_text"
         self.q_norm = param((head_dim,), dtype, device) if self.is_qk_normed else None
         self.k_norm = param((head_dim,), dtype, device) if self.is_qk_normed else None
+        self.attention_scale = config.attention_scale
+        self.attn_logit_softcap = config.attn_logit_softcap
 
     def norm_weights(self) -> list[torch.Tensor]:
         """The block's (1 + w) RMSNorm weights."""
@@ -77,12 +79,20 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
         attention: PagedAttention,
         ops: TorchDecoderOps,
     ) -> torch.Tensor:
-        """Llama's attention, with Gemma 3's per-head q/k norms before RoPE."""
+        """Llama's attention with Gemma's score scale and soft cap, and Gemma 3's per-head q/k
+        norms before RoPE."""
         qkv = self.qkv(h)
         if self.is_qk_normed:
             qkv = self._qk_normed(qkv, ops)
         q = ops.rope_write_kv(qkv, rope, kv_cache, attention)
-        return attention(q, kv_cache[0], kv_cache[1])
+        return attention(
+            q,
+            kv_cache[0],
+            kv_cache[1],
+            window=self.attention_window,
+            softcap=self.attn_logit_softcap,
+            scale=self.attention_scale,
+        )
 
     def _qk_normed(self, qkv: torch.Tensor, ops: TorchDecoderOps) -> torch.Tensor:
         """The fused qkv [T, (H + 2 KVH) * D] with each q and k head RMS-normed."""

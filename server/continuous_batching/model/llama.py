@@ -81,6 +81,8 @@ class LlamaForCausalLM(nn.Module):
             layer_class_for(config, i)(config, dtype, self.device)
             for i in range(config.num_hidden_layers)
         )
+        for i, layer in enumerate(self.layers):
+            layer.attention_window = config.window_of(i)
         self.norm = param((config.hidden_size,), dtype, self.device)
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
@@ -181,8 +183,6 @@ class LlamaForCausalLM(nn.Module):
             backend=self.attention_backend,
             block_size=block_size,
             kernels=self.decoder_ops.module,
-            scale=c.attention_scale,
-            softcap=c.attn_logit_softcap,
         )
         # 16-bit models keep the residual stream in float32: each layer adds its output to
         # it without rounding, which keeps bfloat16 logits about twice as close to float32.

@@ -23,7 +23,8 @@ def decode_partition_kernel(
     part_max_ptr,  # [num_seqs, num_heads, max_parts] fp32
     part_sum_ptr,  # [num_seqs, num_heads, max_parts] fp32
     scale,
-    softcap,  # read only with SOFTCAP
+    window,  # sliding window in tokens; 0: none
+    softcap,  # logit soft-capping; read only with HAS_SOFTCAP
     stride_qs,
     stride_qh,
     stride_cs,
@@ -41,7 +42,7 @@ def decode_partition_kernel(
     PARTITION: tl.constexpr,
     IS_SINGLE_PARTITION: tl.constexpr,
     NATIVE_DOT: tl.constexpr,
-    SOFTCAP: tl.constexpr = False,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     # NATIVE_DOT: K/V (and q) stay in their 16-bit dtype and both products run on tensor
     # cores; the probabilities are rounded to that dtype for P @ V (as flash attention does).
@@ -67,6 +68,11 @@ def decode_partition_kernel(
         lse = tl.zeros([REP_PAD], dtype=tl.float32)
         acc = tl.zeros([REP_PAD, D_PAD], dtype=tl.float32)
         stop = tl.minimum(start + PARTITION, ctx)
+        # A sliding window keeps positions >= ctx - window. Starting the loop there (not
+        # masking) keeps a valid key in every tile it runs; a partition wholly before the
+        # window runs none and leaves m = -inf, lse = 0, which the reduce weighs as zero.
+        if window > 0:
+            start = tl.maximum(start, ctx - window)
         k_head = k_cache_ptr + kv_head * stride_ch
         v_head = v_cache_ptr + kv_head * stride_ch
         block_row = block_tables_ptr + seq * stride_bt
@@ -77,9 +83,9 @@ def decode_partition_kernel(
                 k_head, v_head, block_row, pos, pos_ok, dims, dim_ok, stride_cs, block_size
             )
             scores = dot_f32(q, tl.trans(k), k, NATIVE_DOT) * scale
-            if SOFTCAP:
-                # softcap * tanh(scores / softcap); tanh from exp (also in the interpreter).
-                scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * (scores / softcap)) + 1.0))
+            if HAS_SOFTCAP:
+                # softcap * tanh(scores / softcap), tanh written with exp (interpreter too).
+                scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
             scores = tl.where(pos_ok[None, :], scores, float("-inf"))
             m, lse, acc = _online_softmax_step(scores, v, m, lse, acc, NATIVE_DOT)
         out_mask = row_ok[:, None] & dim_ok[None, :]

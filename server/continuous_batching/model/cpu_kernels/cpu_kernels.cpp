@@ -17,11 +17,12 @@
 #include "gemm.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // window: keys at positions > context_len - 1 - window only (0: all); softcap: scores ->
+  // softcap * tanh(scores / softcap) (0: off).
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D]); softcap > 0: "
-        "scores become softcap * tanh(scores / softcap)",
-        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
-        py::arg("context_lens"), py::arg("block_size"), py::arg("scale"),
+        "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D])", py::arg("q"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
+        py::arg("block_size"), py::arg("scale"), py::arg("window") = 0,
         py::arg("softcap") = 0.0);
   m.def("rms_norm", &rms_norm, "RMSNorm of [T,N] rows, output in the weight's dtype");
   m.def("add_rms_norm", &add_rms_norm, "x += delta (float32 x, in place), then RMSNorm of x");
