@@ -187,6 +187,21 @@ def test_greedy_matches_transformers(ours, expected, ops, max_kv_heads, monkeypa
     assert greedy(PagedRunner(use_ops(ours, ops)), PROMPTS, steps=NUM_NEW) == expected
 
 
+@pytest.mark.parametrize("ops", ["torch", "fused"])
+def test_bfloat16_stays_close_to_float32_transformers(family, checkpoint, ops) -> None:
+    # bfloat16 rounds 1 + w of the folded norms once (transformers keeps it in float32) and
+    # everything else as the llama path does; on these random models, measured: 4-5 of the 6
+    # continuations identical to float32 transformers', the first 3 tokens of 5-6.
+    prompts = random_prompts(6, seed=1)
+    expected = [hf_greedy(checkpoint[1], p) for p in prompts]
+    config = loading(checkpoint[0], "bfloat16")
+    config.model_type = "gemma"
+    model = use_ops(load_model(config)[0], ops)
+    got = greedy(PagedRunner(model), prompts, steps=NUM_NEW)
+    assert sum(a == b for a, b in zip(got, expected, strict=True)) >= 4
+    assert sum(a[:3] == b[:3] for a, b in zip(got, expected, strict=True)) >= 5
+
+
 def test_chunked_prefill_matches_whole(ours) -> None:
     ids = PROMPTS[1] + PROMPTS[2]
     whole = PagedRunner(use_ops(ours, "torch")).step([("a", ids)])[0]
