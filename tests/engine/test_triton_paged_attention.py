@@ -126,27 +126,6 @@ def test_decode_attention_matches_torch_path_fp32(
     torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("partition", [None, 32], ids=["default_partition", "split_k"])
-def test_decode_attention_soft_capped_with_a_scale(partition: int | None) -> None:
-    # Gemma 2: scores scaled by query_pre_attn_scalar ** -0.5, then capped by cap * tanh(s /
-    # cap), as the torch path does; q and k large enough that the cap changes the result.
-    context_lens = [1, 17, 90, 33]
-    q, k_cache, v_cache, tables = _case(context_lens, 8, 2, 32, 16, torch.float32, seed=9)
-    q, k_cache = q * 3, k_cache * 3
-    scale, cap = 48**-0.5, 2.5
-    options: dict[str, object] = {"scale": scale, "softcap": cap}
-    if partition is not None:
-        options["partition"] = partition
-        options["launch"] = tpa.DecodeLaunch(tile=16, num_warps=1, num_stages=1)
-    got = _run_kernel(q, k_cache, v_cache, tables, context_lens, 16, **options)
-    meta = build_attention_metadata([1] * 4, context_lens, tables, 16, torch.device("cpu"))
-    attention = PagedAttention(meta, 8, 2, 32, torch.float32)
-    want = attention(q, k_cache, v_cache, softcap=cap, scale=scale).view(q.shape)
-    torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
-    plain = attention(q, k_cache, v_cache, scale=scale)
-    assert (plain.view(q.shape) - want).abs().max() > 0.05
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_decode_attention_16_bit_inputs(dtype: torch.dtype) -> None:
     """16-bit caches and queries are upcast inside: only the output's rounding differs."""
