@@ -1,8 +1,9 @@
 """The decoder's element-wise steps, as torch ops (the reference) or as fused CPU kernels.
 
 A layer asks its ``DecoderOps`` for RMSNorm (alone, or after adding a layer's output to the
-residual stream), SiLU-and-multiply and "rotate q/k and write the step's K/V to the cache"; the
-model asks them to turn 16-bit logits into refined float32 ones. ``TorchDecoderOps`` runs them
+residual stream), SiLU-and-multiply (GELU-tanh-and-multiply for Gemma) and "rotate q/k and
+write the step's K/V to the cache"; the model asks them to turn 16-bit logits into refined
+float32 ones. ``TorchDecoderOps`` runs them
 as plain torch ops on any device: it is the reference the fused kernels are tested against.
 ``FusedCpuDecoderOps`` runs each as one pass of the C++ extension in ``cpu_kernels`` (float32
 inside, one rounding), which on a CPU saves several small ops and temporaries per layer.
