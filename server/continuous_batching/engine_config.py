@@ -18,7 +18,10 @@ TorchDtypeName = Literal["float32", "bfloat16", "float16"]
 
 #: Architecture families the engine runs -> the checkpoint ``model_type`` values of each (the
 #: checkpoints our llama code runs unchanged; see ``model.architecture``).
-MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {"llama": ("llama", "mistral", "qwen2")}
+MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "llama": ("llama", "mistral", "qwen2"),
+    "gemma": ("gemma2", "gemma3_text"),
+}
 
 
 #: The quantization tag GGUF file names end with (``.Q4_1``, ``-q4_k_m``, ``.F16``, ``.BF16``).
@@ -44,10 +47,10 @@ def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | No
 class ModelLoadingConfig(ConfigSection):
     """Where the weights are and how to run them."""
 
-    model_type: Literal["llama"] = Field(
+    model_type: Literal["llama", "gemma"] = Field(
         default="llama",
-        description="architecture family; only llama: checkpoints whose config.json model_type "
-        "is llama, mistral or qwen2 (checked at load)",
+        description="architecture family: llama (config.json model_type llama, mistral or "
+        "qwen2) or gemma (gemma2, gemma3_text); checked at load",
     )
     model_name_or_path: str
     tokenizer_name_or_path: str | None = None
@@ -109,7 +112,7 @@ class ModelLoadingConfig(ConfigSection):
             )
             raise ValueError(
                 f"model type {value!r} is not supported: the continuous-batching engine runs "
-                f"the llama family only; supported: {families}"
+                f"these families only: {families}"
             )
         return value
 

@@ -55,6 +55,16 @@ class ModelArchConfig:
     #: Per layer "full_attention" or "sliding_attention" (transformers' ``layer_types``);
     #: empty: every layer alike.
     layer_types: tuple[str, ...] = ()
+    #: Attention score scale; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5).
+    attention_scale: float | None = None
+    #: Attention logits become ``cap * tanh(logits / cap)`` before the mask (Gemma 2); None: off.
+    attn_logit_softcap: float | None = None
+    #: Output logits become ``cap * tanh(logits / cap)`` (Gemma 2); None: off.
+    final_logit_softcap: float | None = None
+    #: RoPE base and scaling of the "sliding_attention" layers when they differ from the
+    #: others' (``rope_theta``/``rope_scaling``): Gemma 3's local rope. None: one rope for all.
+    sliding_rope_theta: float | None = None
+    sliding_rope_scaling: dict[str, Any] | None = None
 
     def window_of(self, layer_index: int) -> int | None:
         """The attention window of layer ``layer_index`` in tokens (None: full attention)."""

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 from .architecture import ModelArchConfig
 from .decoder_layer import LlamaDecoderLayer
+from .gemma_layer import GEMMA_FAMILIES, GemmaDecoderLayer
 
 #: family -> block class. Families absent here run the llama block unchanged.
 LAYER_CLASSES: dict[str, type[LlamaDecoderLayer]] = {
     "llama": LlamaDecoderLayer,
+    **dict.fromkeys(GEMMA_FAMILIES, GemmaDecoderLayer),
 }
 
 

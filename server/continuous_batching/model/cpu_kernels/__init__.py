@@ -10,6 +10,7 @@ a CPU:
 * ``rms_norm`` and ``add_rms_norm``: RMSNorm of the float32 residual stream (after adding a
   layer's output to it), written in the model dtype;
 * ``silu_and_mul``: SiLU(gate) * up of the fused gate/up matmul;
+* ``gelu_tanh_and_mul``: GELU (tanh approximation)(gate) * up, Gemma's GeGLU;
 * ``rope_write_kv``: RoPE on q and k plus the step's K/V cache writes;
 * ``refine_logits``: the 16-bit lm_head output widened to float32, each row's best candidates
   recomputed exactly;
