@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from .architecture import ModelArchConfig
 from .decoder_layer import LlamaDecoderLayer
+from .phi3 import Phi3DecoderLayer
+from .qwen3 import Qwen3DecoderLayer
 
 #: family -> block class. Families absent here run the llama block unchanged.
 LAYER_CLASSES: dict[str, type[LlamaDecoderLayer]] = {
     "llama": LlamaDecoderLayer,
+    "qwen3": Qwen3DecoderLayer,
+    "phi3": Phi3DecoderLayer,
 }
 
 

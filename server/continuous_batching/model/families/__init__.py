@@ -11,13 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..architecture import ModelArchConfig, UnsupportedModelError
-from . import llama
+from . import llama, phi3, qwen3
 
 ConfigReader = Callable[[dict[str, Any]], ModelArchConfig]
 
 #: Hugging Face architecture name -> its config reader.
 CONFIG_READERS: dict[str, ConfigReader] = {
     **dict.fromkeys(llama.ARCHITECTURES, llama.read_config),
+    **dict.fromkeys(qwen3.ARCHITECTURES, qwen3.read_config),
+    **dict.fromkeys(phi3.ARCHITECTURES, phi3.read_config),
 }
 
 #: The architectures the engine serves, for error messages and the docs.
