@@ -92,3 +92,67 @@ def hf_greedy_tokens(hf: PreTrainedModel, prompt: list[int], num_new: int) -> li
                 use_cache=True,
             )
     return tokens
+
+
+def write_phi3_gguf(model: PreTrainedModel, path: Path) -> Path:
+    """Write a Phi-3 ``model`` as llama.cpp's ``convert_hf_to_gguf.py`` does (float32): arch
+    "phi3", fused ``attn_qkv`` and ``ffn_up`` (gate and up), q/k rows unpermuted, LongRoPE as
+    ``rope_factors_long/short`` tensors with the attention factor in the metadata. (Its
+    converter needs a sentencepiece ``tokenizer.model``, which the tiny checkpoints lack.)"""
+    import math
+
+    from gguf import GGUFWriter
+
+    c = model.config
+    rope = c.rope_parameters
+    head_dim = c.hidden_size // c.num_attention_heads
+    original = int(rope.get("original_max_position_embeddings") or c.max_position_embeddings)
+    writer = GGUFWriter(str(path), "phi3")
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_rope_scaling_orig_ctx_len(original)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_rope_dimension_count(int(rope.get("partial_rotary_factor", 1.0) * head_dim))
+    writer.add_rope_freq_base(rope["rope_theta"])
+    writer.add_sliding_window(c.sliding_window or 0)
+    if rope.get("long_factor"):
+        scale = c.max_position_embeddings / original
+        writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+        writer.add_tensor("rope_factors_long.weight", _f32(rope["long_factor"]))
+        writer.add_tensor("rope_factors_short.weight", _f32(rope["short_factor"]))
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    layer_names = {
+        "input_layernorm": "attn_norm",
+        "self_attn.qkv_proj": "attn_qkv",
+        "self_attn.o_proj": "attn_output",
+        "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for name, tensor in model.state_dict().items():
+        if name.startswith("model.layers."):
+            _, _, index, rest = name.split(".", 3)
+            module, kind = rest.rsplit(".", 1)
+            gguf_name = f"blk.{index}.{layer_names[module]}.{kind}"
+        else:
+            gguf_name = names[name]
+        writer.add_tensor(gguf_name, tensor.detach().float().numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def _f32(values: list[float]):
+    import numpy as np
+
+    return np.asarray(values, dtype=np.float32)
