@@ -49,7 +49,7 @@ class ModelLoadingConfig(ConfigSection):
     model_type: Literal["llama"] = Field(
         default="llama",
         description="architecture family; only llama: checkpoints whose config.json model_type "
-        "is llama, mistral or qwen2 (checked at load)",
+        "is llama, mistral, qwen2, qwen3 or phi3 (checked at load)",
     )
     model_name_or_path: str
     tokenizer_name_or_path: str | None = None

@@ -87,9 +87,9 @@ BUILDERS = {
 }
 
 
-@pytest.fixture(scope="module", params=list(BUILDERS))
-def family(request, tmp_path_factory, default_model_path: Path) -> Family:
-    build, template, shard_size = BUILDERS[request.param]
+def build_family(name: str, folder: Path, default_model_path: Path) -> Family:
+    """Checkpoint ``name`` of BUILDERS saved in ``folder``, with transformers' tokens."""
+    build, template, shard_size = BUILDERS[name]
     torch.manual_seed(0)
     hf = build().eval()
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
@@ -99,9 +99,13 @@ def family(request, tmp_path_factory, default_model_path: Path) -> Family:
     # The second EOS id is a token the first answer reaches (not earlier): it must stop there.
     stop_at = next(i for i, t in enumerate(expected[0]) if i >= 3 and t not in expected[0][:i])
     eos = [int(tokenizer.eos_token_id), expected[0][stop_at]]
-    folder = tmp_path_factory.mktemp(request.param)
     save_checkpoint(hf, folder, default_model_path, template, eos, shard_size)
     return Family(folder, prompts, expected)
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def family(request, tmp_path_factory, default_model_path: Path) -> Family:
+    return build_family(request.param, tmp_path_factory.mktemp(request.param), default_model_path)
 
 
 def level_config(path: Path, level: str, **cache: object) -> EngineConfig:
