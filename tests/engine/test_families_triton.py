@@ -12,18 +12,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from protocol.generation import GenerationConfig
-from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.runner.model_runner import ModelRunner
-from tests.engine.conftest import tokens_of
-from tests.engine.test_families_qwen3_phi3 import build_family, level_config
-
+# Before anything imports triton (transformers' model modules may): Triton reads it then.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 pytest.importorskip("triton", reason="triton is not installed (pip install triton numpy)")
 
+from protocol.generation import GenerationConfig  # noqa: E402
+from server.continuous_batching.engine import LLMEngine  # noqa: E402
 from server.continuous_batching.model import triton_fused  # noqa: E402
+from server.continuous_batching.runner.model_runner import ModelRunner  # noqa: E402
+from tests.engine.conftest import tokens_of  # noqa: E402
+from tests.engine.test_families_qwen3_phi3 import build_family, level_config  # noqa: E402
 
 NUM_NEW = 6
 
