@@ -2,8 +2,9 @@
 folder's, the tensors are the folder's under their names, and the engine running from the GGUF
 gives transformers' greedy tokens (float32).
 
-The Phi-3 GGUF (LongRoPE, partial rotary factor 0.75) is written with the ``gguf`` package as
-llama.cpp's converter writes one (``tests.support.tiny_families.write_phi3_gguf``: the
+The Qwen3 GGUF is written by llama.cpp's own converter (``harness.llama_cpp``: the
+llama-cpp-python sdist's ``convert_hf_to_gguf.py``). The Phi-3 GGUF (LongRoPE, partial rotary
+factor 0.75) is written with the ``gguf`` package as llama.cpp's converter writes one (``tests.support.tiny_families.write_phi3_gguf``: the
 converter itself needs a sentencepiece tokenizer.model the tiny checkpoint lacks).
 """
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
+from harness import llama_cpp
 from protocol.generation import GenerationConfig
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.model.rotary import rope_frequencies
@@ -23,7 +25,7 @@ from server.continuous_batching.model.weights import iter_safetensors, read_arch
 from server.continuous_batching.model.weights_gguf import iter_gguf, open_gguf, read_gguf_config
 from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.engine.conftest import assert_no_leak, tokens_of
-from tests.engine.test_families_qwen3_phi3 import TEXTS, phi3
+from tests.engine.test_families_qwen3_phi3 import TEXTS, build_family, phi3
 from tests.support.default_model import engine_config
 from tests.support.tiny_families import (
     PHI3_TEMPLATE,
@@ -55,6 +57,14 @@ def phi3_gguf(tmp_path_factory, default_model_path: Path) -> Converted:
     prompts = [tokenizer(t).input_ids for t in TEXTS[:3]]
     expected = [hf_greedy_tokens(hf, p, NUM_NEW) for p in prompts]
     return Converted(folder, write_phi3_gguf(hf, folder / "tiny-f32.gguf"), prompts, expected)
+
+
+@pytest.fixture(scope="module")
+def qwen3_gguf(tmp_path_factory, default_model_path: Path) -> Converted:
+    folder = tmp_path_factory.mktemp("qwen3_gguf")
+    family = build_family("qwen3_tied", folder, default_model_path)
+    gguf = llama_cpp.convert_hf_to_gguf(folder, folder / "tiny-f32.gguf", outtype="f32")
+    return Converted(folder, gguf, family.prompts[:3], family.expected[:3])
 
 
 def assert_same_as_folder(converted: Converted) -> None:
@@ -103,3 +113,16 @@ def test_phi3_gguf_reads_as_the_folder(phi3_gguf: Converted) -> None:
 
 def test_phi3_gguf_engine_matches_transformers(phi3_gguf: Converted) -> None:
     assert_engine_matches(phi3_gguf)
+
+
+def test_qwen3_gguf_from_llama_cpp_reads_as_the_folder(qwen3_gguf: Converted) -> None:
+    reader = open_gguf(qwen3_gguf.gguf)
+    names = {t.name for t in reader.tensors}
+    assert {"blk.0.attn_q_norm.weight", "blk.0.attn_k_norm.weight"} <= names
+    assert read_gguf_config(reader).family == "qwen3"
+    # Unpermuted q/k: llama.cpp runs Qwen with rotate-half RoPE, our layout.
+    assert_same_as_folder(qwen3_gguf)
+
+
+def test_qwen3_gguf_from_llama_cpp_engine_matches_transformers(qwen3_gguf: Converted) -> None:
+    assert_engine_matches(qwen3_gguf)
