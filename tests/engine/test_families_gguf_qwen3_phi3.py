@@ -4,8 +4,9 @@ gives transformers' greedy tokens (float32).
 
 The Qwen3 GGUF is written by llama.cpp's own converter (``harness.llama_cpp``: the
 llama-cpp-python sdist's ``convert_hf_to_gguf.py``). The Phi-3 GGUF (LongRoPE, partial rotary
-factor 0.75) is written with the ``gguf`` package as llama.cpp's converter writes one (``tests.support.tiny_families.write_phi3_gguf``: the
-converter itself needs a sentencepiece tokenizer.model the tiny checkpoint lacks).
+factor 0.75) is written with the ``gguf`` package as llama.cpp's converter writes one
+(``tests.support.tiny_families.write_phi3_gguf``: the converter itself needs a sentencepiece
+tokenizer.model, which the tiny checkpoint lacks).
 """
 
 from __future__ import annotations
