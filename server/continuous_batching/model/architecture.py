@@ -15,7 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 #: RoPE variants the rotary module implements ("default" is stored as ``rope_scaling=None``).
-SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = (
+    "default",
+    "linear",
+    "llama3",
+    "yarn",
+    "longrope",
+    "dynamic",
+)
+
+#: Older names of RoPE types (Phi-3's first configs say "su" for longrope).
+_ROPE_TYPE_ALIASES: dict[str, str] = {"su": "longrope"}
 
 
 class UnsupportedModelError(ValueError):
@@ -65,6 +75,8 @@ class ModelArchConfig:
     #: others' (``rope_theta``/``rope_scaling``): Gemma 3's local rope. None: one rope for all.
     sliding_rope_theta: float | None = None
     sliding_rope_scaling: dict[str, Any] | None = None
+    #: Share of each head's dimensions that RoPE rotates (the first ones; Phi-4-mini: 0.75).
+    partial_rotary_factor: float = 1.0
 
     def window_of(self, layer_index: int) -> int | None:
         """The attention window of layer ``layer_index`` in tokens (None: full attention)."""
@@ -78,6 +90,11 @@ class ModelArchConfig:
     def q_size(self) -> int:
         """Width of the query projection (all heads)."""
         return self.num_attention_heads * self.head_dim
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates (``head_dim`` unless partial)."""
+        return int(self.head_dim * self.partial_rotary_factor)
 
     @property
     def kv_size(self) -> int:
@@ -97,6 +114,7 @@ def read_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if scaling is None:
         return theta, None
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"unsupported rope type {rope_type!r}: supported {list(SUPPORTED_ROPE_TYPES)}"
@@ -106,4 +124,9 @@ def read_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     scaling.pop("type", None)
     scaling.pop("rope_theta", None)
     scaling["rope_type"] = rope_type
+    if "original_max_position_embeddings" in d:
+        # Phi-3 keeps it beside rope_scaling; longrope and yarn read it from there.
+        scaling.setdefault(
+            "original_max_position_embeddings", d["original_max_position_embeddings"]
+        )
     return theta, scaling

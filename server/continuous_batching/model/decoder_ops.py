@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from . import cpu_isa, cpu_kernels
 from .cpu_isa import CpuPath
 from .paged_attention import AttentionBackend, LayerCache, PagedAttention
-from .rotary import RopeRows, apply_rope
+from .rotary import RopeRows, apply_partial_rope
 
 
 class TorchDecoderOps:
@@ -83,7 +83,7 @@ class TorchDecoderOps:
         )
         qk_heads = num_heads + kv_heads
         # q and k are rotated together: one set of RoPE kernels for both.
-        qk = apply_rope(
+        qk = apply_partial_rope(
             qkv[:, : qk_heads * head_dim].view(t, qk_heads, head_dim),
             cos.unsqueeze(1),
             sin_signed.unsqueeze(1),
@@ -129,7 +129,10 @@ class FusedCpuDecoderOps(TorchDecoderOps):
     def rope_write_kv(
         self, qkv: torch.Tensor, rope: RopeRows, kv_cache: LayerCache, attention: PagedAttention
     ) -> torch.Tensor:
-        """See ``TorchDecoderOps.rope_write_kv``."""
+        """See ``TorchDecoderOps.rope_write_kv``. The kernel rotates whole heads; a partial
+        rotary model (rope rows narrower than a head) takes the torch reference here."""
+        if rope[0].shape[-1] != attention.head_dim:
+            return super().rope_write_kv(qkv, rope, kv_cache, attention)
         slots = attention.meta.slot_mapping
         return self.module.rope_write_kv(qkv, *rope, *kv_cache, slots, attention.num_heads)
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..architecture import ModelArchConfig, UnsupportedModelError
-from . import gemma, llama
+from . import gemma, llama, phi3, qwen3
 
 ConfigReader = Callable[[dict[str, Any]], ModelArchConfig]
 
@@ -19,6 +19,8 @@ ConfigReader = Callable[[dict[str, Any]], ModelArchConfig]
 CONFIG_READERS: dict[str, ConfigReader] = {
     **dict.fromkeys(llama.ARCHITECTURES, llama.read_config),
     **dict.fromkeys((*gemma.ARCHITECTURES, *gemma.MULTIMODAL_ARCHITECTURES), gemma.read_config),
+    **dict.fromkeys(qwen3.ARCHITECTURES, qwen3.read_config),
+    **dict.fromkeys(phi3.ARCHITECTURES, phi3.read_config),
 }
 
 #: The architectures the engine serves, for error messages and the docs.
