@@ -18,7 +18,9 @@ TorchDtypeName = Literal["float32", "bfloat16", "float16"]
 
 #: Architecture families the engine runs -> the checkpoint ``model_type`` values of each (the
 #: checkpoints our llama code runs unchanged; see ``model.architecture``).
-MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {"llama": ("llama", "mistral", "qwen2")}
+MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {
+    "llama": ("llama", "mistral", "qwen2", "mixtral", "qwen3_moe"),
+}
 
 
 #: The quantization tag GGUF file names end with (``.Q4_1``, ``-q4_k_m``, ``.F16``, ``.BF16``).

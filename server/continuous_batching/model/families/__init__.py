@@ -11,13 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ..architecture import ModelArchConfig, UnsupportedModelError
-from . import llama
+from . import llama, mixtral, qwen3_moe
 
 ConfigReader = Callable[[dict[str, Any]], ModelArchConfig]
 
 #: Hugging Face architecture name -> its config reader.
 CONFIG_READERS: dict[str, ConfigReader] = {
     **dict.fromkeys(llama.ARCHITECTURES, llama.read_config),
+    **dict.fromkeys(mixtral.ARCHITECTURES, mixtral.read_config),
+    **dict.fromkeys(qwen3_moe.ARCHITECTURES, qwen3_moe.read_config),
 }
 
 #: The architectures the engine serves, for error messages and the docs.
