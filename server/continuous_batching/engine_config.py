@@ -19,7 +19,7 @@ TorchDtypeName = Literal["float32", "bfloat16", "float16"]
 #: Architecture families the engine runs -> the checkpoint ``model_type`` values of each (the
 #: checkpoints our llama code runs unchanged; see ``model.architecture``).
 MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {
-    "llama": ("llama", "mistral", "qwen2", "qwen3", "phi3"),
+    "llama": ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe"),
     "gemma": ("gemma2", "gemma3_text"),
 }
 
@@ -50,7 +50,8 @@ class ModelLoadingConfig(ConfigSection):
     model_type: Literal["llama", "gemma"] = Field(
         default="llama",
         description="architecture family: llama (config.json model_type llama, mistral, "
-        "qwen2, qwen3 or phi3) or gemma (gemma2, gemma3_text); checked at load",
+        "qwen2, qwen3, phi3, mixtral or qwen3_moe) or gemma (gemma2, gemma3_text); checked "
+        "at load",
     )
     model_name_or_path: str
     tokenizer_name_or_path: str | None = None

@@ -40,6 +40,7 @@ from .architecture import ModelArchConfig
 from .families import read_hf_config
 from .llama import LlamaForCausalLM
 from .model_classes import model_class_for
+from .moe_weights import canonical_expert_tensors
 from .weights_gguf import iter_gguf, open_gguf, read_gguf_config
 
 logger = logging.getLogger(__name__)
@@ -115,7 +116,8 @@ def assign_weights(model: LlamaForCausalLM, tensors: Iterable[tuple[str, torch.T
     seen: set[str] = set()
     unexpected: list[str] = []
     with torch.no_grad():
-        for name, tensor in tensors:
+        # Experts' tensors of any layout (Mixtral's, stacked) under the names the model uses.
+        for name, tensor in canonical_expert_tensors(tensors):
             if name.endswith(_IGNORED_SUFFIXES) or (tied and name == "lm_head.weight"):
                 continue
             target = targets.get(name)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..architecture import ModelArchConfig, UnsupportedModelError
-from . import gemma, llama, phi3, qwen3
+from . import gemma, llama, mixtral, phi3, qwen3, qwen3_moe
 
 ConfigReader = Callable[[dict[str, Any]], ModelArchConfig]
 
@@ -21,6 +21,8 @@ CONFIG_READERS: dict[str, ConfigReader] = {
     **dict.fromkeys((*gemma.ARCHITECTURES, *gemma.MULTIMODAL_ARCHITECTURES), gemma.read_config),
     **dict.fromkeys(qwen3.ARCHITECTURES, qwen3.read_config),
     **dict.fromkeys(phi3.ARCHITECTURES, phi3.read_config),
+    **dict.fromkeys(mixtral.ARCHITECTURES, mixtral.read_config),
+    **dict.fromkeys(qwen3_moe.ARCHITECTURES, qwen3_moe.read_config),
 }
 
 #: The architectures the engine serves, for error messages and the docs.
