@@ -47,11 +47,11 @@ def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | No
 class ModelLoadingConfig(ConfigSection):
     """Where the weights are and how to run them."""
 
-    model_type: Literal["llama", "gemma"] = Field(
-        default="llama",
-        description="architecture family: llama (config.json model_type llama, mistral, "
-        "qwen2, qwen3, phi3, mixtral or qwen3_moe) or gemma (gemma2, gemma3_text); checked "
-        "at load",
+    model_type: Literal["auto", "llama", "gemma"] = Field(
+        default="auto",
+        description="architecture family the checkpoint must belong to: auto (any the engine "
+        "runs: its config.json architecture decides), llama (model_type llama, mistral, qwen2, "
+        "qwen3, phi3, mixtral or qwen3_moe) or gemma (gemma2, gemma3_text); checked at load",
     )
     model_name_or_path: str
     tokenizer_name_or_path: str | None = None
@@ -106,7 +106,7 @@ class ModelLoadingConfig(ConfigSection):
     @field_validator("model_type", mode="before")
     @classmethod
     def _check_model_type(cls, value: Any) -> Any:
-        if value not in MODEL_TYPE_FAMILIES:
+        if value != "auto" and value not in MODEL_TYPE_FAMILIES:
             families = ", ".join(
                 f"{name!r} ({', '.join(types)} checkpoints)"
                 for name, types in MODEL_TYPE_FAMILIES.items()
@@ -135,8 +135,12 @@ class ModelLoadingConfig(ConfigSection):
         return _GGUF_QUANT_TAG.sub("", path.stem) or path.stem
 
     def check_checkpoint_model_type(self, checkpoint_model_type: str | None) -> None:
-        """Refuse a checkpoint outside the configured family (``ValueError`` naming the key)."""
-        family = MODEL_TYPE_FAMILIES[self.model_type]
+        """Refuse a checkpoint outside the configured family (``ValueError`` naming the key);
+        "auto" takes a checkpoint of any family."""
+        if self.model_type == "auto":
+            family = tuple(t for types in MODEL_TYPE_FAMILIES.values() for t in types)
+        else:
+            family = MODEL_TYPE_FAMILIES[self.model_type]
         if checkpoint_model_type not in family:
             raise ValueError(
                 f"model_loading_config.model_type is {self.model_type!r}, which runs "

@@ -60,15 +60,18 @@ def test_checkpoint_outside_the_family_is_refused_at_start_up(tmp_path: Path) ->
     with pytest.raises(ConfigError) as error:
         load_cb_server_config(path)
     message = str(error.value)
-    assert f"{path}: model_loading_config.model_type is 'llama'" in message
-    assert "model_type 'gpt2'" in message
+    assert f"{path}: model_loading_config.model_type is 'auto'" in message
+    assert "model_type 'gpt2'" in message and "gemma3_text" in message
 
 
 def test_load_model_checks_the_checkpoint_model_type(tmp_path: Path) -> None:
     # Engines built without a config file (tests, benchmarks) get the same check at load.
-    folder = checkpoint(tmp_path / "m", model_type="gemma", **TINY_LLAMA)
+    folder = checkpoint(tmp_path / "m", model_type="gemma2", **TINY_LLAMA)
+    config = ModelLoadingConfig(
+        model_name_or_path=str(folder), model_type="llama", torch_dtype="float32"
+    )
     with pytest.raises(ValueError, match="model_loading_config.model_type is 'llama'"):
-        load_model(ModelLoadingConfig(model_name_or_path=str(folder), torch_dtype="float32"))
+        load_model(config)
 
 
 @pytest.mark.parametrize(
