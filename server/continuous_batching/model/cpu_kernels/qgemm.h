@@ -1,0 +1,294 @@
+// Matmul with weights that stay quantised (GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K repacked at load
+// by quantization/packed_gguf.py): y[M, N] = x[M, K] . W^T (+ bias), W dequantised inside the
+// kernel, group by group, in registers.
+//
+// Layout of W (one row per output column n, K along the row, in groups of G = 16 or 32):
+//   codes         bits 4: uint8 [N, K/2], per group byte j = element j (low nibble) and
+//                 element j + G/2 (high nibble), 0..15; bits 8: int8 [N, K]
+//   group_scale   [N, K/G] float16 (legacy types: the block's own d) or int8/uint8 (K-quants:
+//                 the 6-/8-bit sub-block multiplier)
+//   group_offset  optional, [N, K/G] float16 or uint8, likewise
+//   super_scale   optional float32 [N, K/(G*S)]: with it a group's scale is
+//                 super_scale[g / S] * group_scale[g] (K-quants' d * sc); super_offset likewise
+// value = scale * q - offset, the float32 products gguf's own dequantiser computes, so the
+// dequantised weight matches gguf.quants.dequantize exactly.
+//
+// The kernel uses sum_j x_j (s q_j - o) = s * (sum_j x_j q_j) - o * (sum_j x_j): per group one
+// dot of x with the unpacked codes, scaled once; the offsets meet per-group sums of x computed
+// once per call. Each group's codes are unpacked once per tile of up to kQuantTileRows rows of x
+// and reused by all of them (decode reads the packed bytes once). Threads split the columns.
+#pragma once
+
+#include "simd.h"
+
+namespace {
+
+// What one call needs to know about the packed weight (pointers into the caller's tensors).
+struct QuantWeight {
+  const uint8_t* codes;
+  int64_t n, k, group, num_groups, row_bytes;
+  int bits;
+  at::ScalarType scale_type, offset_type;
+  const void* group_scale;
+  const void* group_offset;  // nullptr: no offsets
+  const float* super_scale;  // nullptr: group_scale is the scale
+  const float* super_offset;
+  int64_t num_super, groups_per_super;
+};
+
+inline float read_small(const void* base, at::ScalarType type, int64_t i) {
+  switch (type) {
+    case at::kHalf: return static_cast<float>(static_cast<const c10::Half*>(base)[i]);
+    case at::kChar: return static_cast<float>(static_cast<const int8_t*>(base)[i]);
+    case at::kByte: return static_cast<float>(static_cast<const uint8_t*>(base)[i]);
+    default: return static_cast<const float*>(base)[i];
+  }
+}
+
+// float32 scale and offset of every group of weight row ``row`` (1/G of the work: scalar).
+inline void expand_scales(const QuantWeight& w, int64_t row, float* s, float* o) {
+  const int64_t base = row * w.num_groups;
+  for (int64_t g = 0; g < w.num_groups; ++g) {
+    const int64_t sup = row * w.num_super + g / w.groups_per_super;
+    const float gs = read_small(w.group_scale, w.scale_type, base + g);
+    s[g] = w.super_scale ? w.super_scale[sup] * gs : gs;
+    if (!w.group_offset) {
+      o[g] = 0.0f;
+      continue;
+    }
+    const float go = read_small(w.group_offset, w.offset_type, base + g);
+    o[g] = w.super_offset ? w.super_offset[sup] * go : go;
+  }
+}
+
+// Code i of a group (the scalar reference kernel and the tails).
+inline float code_at(const uint8_t* group_codes, int bits, int64_t group, int64_t i) {
+  if (bits == 8) return static_cast<float>(reinterpret_cast<const int8_t*>(group_codes)[i]);
+  const int64_t half = group / 2;
+  const uint8_t byte = group_codes[i % half];
+  return static_cast<float>(i < half ? (byte & 0x0F) : (byte >> 4));
+}
+
+// The plain loops: every weight dequantised one at a time. Reference for the vector kernel.
+void quant_rows_scalar(const QuantWeight& w, const float* x, const float* xsum, int64_t rows,
+                       int64_t col, float* s, float* o, float* out) {
+  expand_scales(w, col, s, o);
+  const uint8_t* codes = w.codes + col * w.row_bytes;
+  const int64_t group_bytes = w.group * w.bits / 8;
+  for (int64_t r = 0; r < rows; ++r) {
+    float y = 0.0f;
+    for (int64_t g = 0; g < w.num_groups; ++g) {
+      float dot_q = 0.0f;
+      for (int64_t i = 0; i < w.group; ++i)
+        dot_q += x[r * w.k + g * w.group + i] * code_at(codes + g * group_bytes, w.bits, w.group, i);
+      y += s[g] * dot_q - o[g] * xsum[r * w.num_groups + g];
+    }
+    out[r] = y;
+  }
+}
+
+#if defined(LLM_SUITE_HAS_SIMD)
+
+// The G codes of one group as G / W float vectors, in element order.
+template <int G>
+inline void unpack_group(const uint8_t* p, int bits, typename Simd::F* q) {
+  using F = typename Simd::F;
+  constexpr int W = Simd::W;
+  if (bits == 8) {
+    for (int v = 0; v < G / W; ++v) {
+#if defined(__AVX512F__)
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + v * W));
+      q[v] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+#else
+      const __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + v * W));
+      q[v] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+#endif
+    }
+    return;
+  }
+  // 4 bits, G = 32: 16 bytes, low nibbles = elements 0..15, high = 16..31.
+  static_assert(G == 32 || G == 16, "groups of 16 or 32");
+  if constexpr (G == 32) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    const __m128i lo = _mm_and_si128(raw, mask);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(raw, 4), mask);
+#if defined(__AVX512F__)
+    q[0] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo));
+    q[1] = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi));
+#else
+    q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+    q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+    q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+    q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+#endif
+  } else {
+    (void)q;
+    TORCH_CHECK(false, "4-bit codes come in groups of 32");
+  }
+  (void)sizeof(F);
+}
+
+// R rows of x (float32, row stride k) against weight row ``col``: out[r] = y[r][col] less bias.
+template <int R, int G>
+void quant_rows_simd(const QuantWeight& w, const float* x, const float* xsum, int64_t col,
+                     float* s, float* o, float* out) {
+  using S = Simd;
+  using F = S::F;
+  constexpr int V = G / S::W;
+  expand_scales(w, col, s, o);
+  const uint8_t* codes = w.codes + col * w.row_bytes;
+  const int64_t group_bytes = G * w.bits / 8, k = w.k;
+  F acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = S::zero();
+  for (int64_t g = 0; g < w.num_groups; ++g) {
+    F q[V];
+    unpack_group<G>(codes + g * group_bytes, w.bits, q);
+    const F scale = S::set1(s[g]);
+    const float* xg = x + g * G;
+    for (int r = 0; r < R; ++r) {
+      F t = S::mul(S::load(xg + r * k), q[0]);
+      for (int v = 1; v < V; ++v) t = S::fmadd(S::load(xg + r * k + v * S::W), q[v], t);
+      acc[r] = S::fmadd(scale, t, acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    out[r] = S::reduce_add(acc[r]) - dot(o, xsum + r * w.num_groups, w.num_groups);
+}
+
+template <int G>
+void quant_tile_simd(const QuantWeight& w, const float* x, const float* xsum, int64_t rows,
+                     int64_t col, float* s, float* o, float* out) {
+  switch (rows) {
+    case 4: quant_rows_simd<4, G>(w, x, xsum, col, s, o, out); break;
+    case 3: quant_rows_simd<3, G>(w, x, xsum, col, s, o, out); break;
+    case 2: quant_rows_simd<2, G>(w, x, xsum, col, s, o, out); break;
+    default: quant_rows_simd<1, G>(w, x, xsum, col, s, o, out); break;
+  }
+}
+#endif
+
+// One tile of rows against one weight row, by the vector kernel where this build has one.
+inline void quant_tile(const QuantWeight& w, const float* x, const float* xsum, int64_t rows,
+                       int64_t col, float* s, float* o, float* out, bool is_scalar) {
+#if defined(LLM_SUITE_HAS_SIMD)
+  if (!is_scalar && w.group % Simd::W == 0) {
+    if (w.group == 32) return quant_tile_simd<32>(w, x, xsum, rows, col, s, o, out);
+    if (w.group == 16 && w.bits == 8) return quant_tile_simd<16>(w, x, xsum, rows, col, s, o, out);
+  }
+#endif
+  quant_rows_scalar(w, x, xsum, rows, col, s, o, out);
+}
+
+QuantWeight quant_weight_of(const at::Tensor& codes, int64_t bits, int64_t group,
+                            const at::Tensor& group_scale,
+                            const c10::optional<at::Tensor>& group_offset,
+                            const c10::optional<at::Tensor>& super_scale,
+                            const c10::optional<at::Tensor>& super_offset) {
+  TORCH_CHECK(bits == 4 || bits == 8, "codes of 4 or 8 bits");
+  TORCH_CHECK(group == 16 || group == 32, "groups of 16 or 32");
+  TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous(), "codes [N, K*bits/8] contiguous");
+  TORCH_CHECK(group_scale.dim() == 2 && group_scale.is_contiguous(), "group_scale [N, K/G]");
+  QuantWeight w{};
+  w.codes = static_cast<const uint8_t*>(codes.data_ptr());
+  w.n = codes.size(0);
+  w.row_bytes = codes.size(1);
+  w.k = w.row_bytes * 8 / bits;
+  w.group = group;
+  w.bits = static_cast<int>(bits);
+  w.num_groups = w.k / group;
+  TORCH_CHECK(group_scale.size(0) == w.n && group_scale.size(1) == w.num_groups, "scale shape");
+  w.scale_type = group_scale.scalar_type();
+  w.group_scale = group_scale.data_ptr();
+  w.offset_type = at::kFloat;
+  if (group_offset && group_offset->defined()) {
+    TORCH_CHECK(group_offset->sizes() == group_scale.sizes() && group_offset->is_contiguous(),
+                "group_offset shape");
+    w.offset_type = group_offset->scalar_type();
+    w.group_offset = group_offset->data_ptr();
+  }
+  w.num_super = 1;
+  w.groups_per_super = w.num_groups;
+  if (super_scale && super_scale->defined()) {
+    TORCH_CHECK(super_scale->scalar_type() == at::kFloat && super_scale->is_contiguous() &&
+                    super_scale->size(0) == w.n && w.num_groups % super_scale->size(1) == 0,
+                "super_scale float32 [N, K/(G*S)]");
+    w.num_super = super_scale->size(1);
+    w.groups_per_super = w.num_groups / w.num_super;
+    w.super_scale = super_scale->data_ptr<float>();
+    if (super_offset && super_offset->defined()) {
+      TORCH_CHECK(super_offset->sizes() == super_scale->sizes() && super_offset->is_contiguous(),
+                  "super_offset shape");
+      w.super_offset = super_offset->data_ptr<float>();
+    }
+  }
+  return w;
+}
+
+// Rows of x that share each unpacked group of codes (4 accumulators, the codes of a group and
+// the loads fit AVX2's 16 registers).
+constexpr int64_t kQuantTileRows = 4;
+// Columns per work unit: their codes stay in cache while every row tile passes over them.
+constexpr int64_t kQuantColumns = 16;
+
+at::Tensor quant_linear_impl(const at::Tensor& x, const QuantWeight& w,
+                             const c10::optional<at::Tensor>& bias, bool is_scalar) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "x must be [M, K]");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16");
+  const auto xf = x.to(at::kFloat).contiguous();  // widened once: every column reads it
+  const int64_t m = x.size(0), k = w.k, ng = w.num_groups, n = w.n;
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return out;
+  // Per-group sums of x: the offsets' share of each output, one dot per column.
+  const auto xsum = xf.view({m, ng, w.group}).sum(-1).contiguous();
+  at::Tensor bias_f;
+  const float* bp = nullptr;
+  if (bias && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias size");
+    bias_f = bias->to(at::kFloat).contiguous();
+    bp = bias_f.data_ptr<float>();
+  }
+  const float* a = xf.data_ptr<float>();
+  const float* sums = xsum.data_ptr<float>();
+  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
+  at::BFloat16* out_bf16 = is_bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
+  float* out_f32 = is_bf16 ? nullptr : out.data_ptr<float>();
+  const int64_t tile = is_scalar ? 1 : kQuantTileRows;
+  at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> scales(2 * ng);
+    float ys[kQuantTileRows];
+    for (int64_t chunk = c0; chunk < c1; ++chunk) {
+      const int64_t col0 = chunk * kQuantColumns, col1 = std::min(n, col0 + kQuantColumns);
+      for (int64_t r = 0; r < m; r += tile) {
+        const int64_t rows = std::min(tile, m - r);
+        for (int64_t col = col0; col < col1; ++col) {
+          quant_tile(w, a + r * k, sums + r * ng, rows, col, scales.data(), scales.data() + ng,
+                     ys, is_scalar);
+          for (int64_t i = 0; i < rows; ++i) {
+            const float y = ys[i] + (bp ? bp[col] : 0.0f);
+            if (is_bf16)
+              out_bf16[(r + i) * n + col] = c10::BFloat16(y);  // nearest even
+            else
+              out_f32[(r + i) * n + col] = y;
+          }
+        }
+      }
+    }
+  });
+  return out;
+}
+
+// y = x . W^T (+ bias) with W packed as described at the top; float32 math, rounded once.
+at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, int64_t bits, int64_t group,
+                        const at::Tensor& group_scale,
+                        const c10::optional<at::Tensor>& group_offset,
+                        const c10::optional<at::Tensor>& super_scale,
+                        const c10::optional<at::Tensor>& super_offset,
+                        const c10::optional<at::Tensor>& bias, bool is_scalar) {
+  const QuantWeight w =
+      quant_weight_of(codes, bits, group, group_scale, group_offset, super_scale, super_offset);
+  return quant_linear_impl(x, w, bias, is_scalar);
+}
+
+}  // namespace
