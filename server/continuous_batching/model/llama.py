@@ -289,9 +289,9 @@ class LlamaForCausalLM(nn.Module):
         path = self.cpu_path
         dtype_name = str(self.dtype).removeprefix("torch.")
         summary = path.describe(dtype_name, kernels_loaded=self.decoder_ops.module is not None)
-        summary += f"; torch's own CPU kernels: {torch.backends.cpu.get_cpu_capability()}"
         if self.weight_format is not None:
             summary += f"; weights: {self.weight_format}"
+        summary += f"; torch's own CPU kernels: {torch.backends.cpu.get_cpu_capability()}"
         return ComputePath(
             device="cpu",
             isa=path.level,

@@ -181,11 +181,15 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
                 f"quantize_method is gptq but {model_path} has no quantize_config.json "
                 "and no GPTQ quantization_config in config.json"
             )
+        dtype_name = str(dtype).removeprefix("torch.")
         if gptq is None:
             assign_weights(model, iter_safetensors(model_path))
+            model.weight_format = f"{dtype_name} dense"
         else:
             files = gptq_files(model_path, config.gptq_model_base_name)
             _load_gptq(model, files, gptq, dequantize_at_load=config.gptq_dequantize_at_load)
+            kept = "dequantised at load" if config.gptq_dequantize_at_load else "int4 QuantLinear"
+            model.weight_format = f"gptq {kept}, {dtype_name} dense elsewhere"
     model.finalize()
     model.eval()
     return model, arch

@@ -36,29 +36,37 @@ struct QuantWeight {
   int64_t num_super, groups_per_super;
 };
 
-inline float read_small(const void* base, at::ScalarType type, int64_t i) {
+template <typename T>
+inline void widen_row(const T* __restrict src, float* __restrict dst, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) dst[i] = static_cast<float>(src[i]);
+}
+
+// dst[0..count) = the small values base[offset..offset+count) of ``type`` as float32.
+inline void small_to_float(const void* base, at::ScalarType type, int64_t offset, float* dst,
+                           int64_t count) {
   switch (type) {
-    case at::kHalf: return static_cast<float>(static_cast<const c10::Half*>(base)[i]);
-    case at::kChar: return static_cast<float>(static_cast<const int8_t*>(base)[i]);
-    case at::kByte: return static_cast<float>(static_cast<const uint8_t*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
+    case at::kHalf: return widen_row(static_cast<const c10::Half*>(base) + offset, dst, count);
+    case at::kChar: return widen_row(static_cast<const int8_t*>(base) + offset, dst, count);
+    case at::kByte: return widen_row(static_cast<const uint8_t*>(base) + offset, dst, count);
+    default: return widen_row(static_cast<const float*>(base) + offset, dst, count);
   }
 }
 
-// float32 scale and offset of every group of weight row ``row`` (1/G of the work: scalar).
+// values[g] *= super[row's super-block of g]: the K-quants' d * sc, in float32 as gguf does.
+inline void times_super(float* values, const float* super, const QuantWeight& w, int64_t row) {
+  const float* sup = super + row * w.num_super;
+  for (int64_t b = 0; b < w.num_super; ++b)
+    for (int64_t j = 0; j < w.groups_per_super; ++j) values[b * w.groups_per_super + j] *= sup[b];
+}
+
+// float32 scale and offset of every group of weight row ``row`` (1/G of the work; one type
+// switch per row, no per-group division: it runs for every column of every call).
 inline void expand_scales(const QuantWeight& w, int64_t row, float* s, float* o) {
-  const int64_t base = row * w.num_groups;
-  for (int64_t g = 0; g < w.num_groups; ++g) {
-    const int64_t sup = row * w.num_super + g / w.groups_per_super;
-    const float gs = read_small(w.group_scale, w.scale_type, base + g);
-    s[g] = w.super_scale ? w.super_scale[sup] * gs : gs;
-    if (!w.group_offset) {
-      o[g] = 0.0f;
-      continue;
-    }
-    const float go = read_small(w.group_offset, w.offset_type, base + g);
-    o[g] = w.super_offset ? w.super_offset[sup] * go : go;
-  }
+  small_to_float(w.group_scale, w.scale_type, row * w.num_groups, s, w.num_groups);
+  if (w.super_scale) times_super(s, w.super_scale, w, row);
+  if (!w.group_offset) return;
+  small_to_float(w.group_offset, w.offset_type, row * w.num_groups, o, w.num_groups);
+  if (w.super_offset) times_super(o, w.super_offset, w, row);
 }
 
 // Code i of a group (the scalar reference kernel and the tails).
@@ -81,7 +89,7 @@ void quant_rows_scalar(const QuantWeight& w, const float* x, const float* xsum, 
       float dot_q = 0.0f;
       for (int64_t i = 0; i < w.group; ++i)
         dot_q += x[r * w.k + g * w.group + i] * code_at(codes + g * group_bytes, w.bits, w.group, i);
-      y += s[g] * dot_q - o[g] * xsum[r * w.num_groups + g];
+      y += s[g] * dot_q - (w.group_offset ? o[g] * xsum[r * w.num_groups + g] : 0.0f);
     }
     out[r] = y;
   }
@@ -152,8 +160,40 @@ void quant_rows_simd(const QuantWeight& w, const float* x, const float* xsum, in
       acc[r] = S::fmadd(scale, t, acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r)
-    out[r] = S::reduce_add(acc[r]) - dot(o, xsum + r * w.num_groups, w.num_groups);
+  for (int r = 0; r < R; ++r) {
+    out[r] = S::reduce_add(acc[r]);
+    if (w.group_offset) out[r] -= dot(o, xsum + r * w.num_groups, w.num_groups);
+  }
+}
+
+// Decode (one row of x): NC weight rows at once, sharing each load of x and giving the core
+// NC independent sums to overlap (one column at a time ran at half the bf16 kernel's rate).
+template <int NC, int G>
+void quant_cols_simd(const QuantWeight& w, const float* x, const float* xsum, int64_t col0,
+                     float* s, float* o, float* out) {
+  using S = Simd;
+  using F = S::F;
+  constexpr int V = G / S::W;
+  const int64_t ng = w.num_groups, group_bytes = G * w.bits / 8;
+  for (int c = 0; c < NC; ++c) expand_scales(w, col0 + c, s + c * ng, o + c * ng);
+  const uint8_t* codes = w.codes + col0 * w.row_bytes;
+  F acc[NC];
+  for (int c = 0; c < NC; ++c) acc[c] = S::zero();
+  for (int64_t g = 0; g < ng; ++g) {
+    F xv[V];
+    for (int v = 0; v < V; ++v) xv[v] = S::load(x + g * G + v * S::W);
+    for (int c = 0; c < NC; ++c) {
+      F q[V];
+      unpack_group<G>(codes + c * w.row_bytes + g * group_bytes, w.bits, q);
+      F t = S::mul(xv[0], q[0]);
+      for (int v = 1; v < V; ++v) t = S::fmadd(xv[v], q[v], t);
+      acc[c] = S::fmadd(S::set1(s[c * ng + g]), t, acc[c]);
+    }
+  }
+  for (int c = 0; c < NC; ++c) {
+    out[c] = S::reduce_add(acc[c]);
+    if (w.group_offset) out[c] -= dot(o + c * ng, xsum, ng);
+  }
 }
 
 template <int G>
@@ -228,6 +268,8 @@ QuantWeight quant_weight_of(const at::Tensor& codes, int64_t bits, int64_t group
 // Rows of x that share each unpacked group of codes (4 accumulators, the codes of a group and
 // the loads fit AVX2's 16 registers).
 constexpr int64_t kQuantTileRows = 4;
+// Weight rows the decode kernel (one row of x) takes at once.
+constexpr int kQuantDecodeColumns = 4;
 // Columns per work unit: their codes stay in cache while every row tile passes over them.
 constexpr int64_t kQuantColumns = 16;
 
@@ -256,13 +298,35 @@ at::Tensor quant_linear_impl(const at::Tensor& x, const QuantWeight& w,
   float* out_f32 = is_bf16 ? nullptr : out.data_ptr<float>();
   const int64_t tile = is_scalar ? 1 : kQuantTileRows;
   at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> scales(2 * ng);
+    std::vector<float> scales(2 * kQuantDecodeColumns * ng + kQuantDecodeColumns);
     float ys[kQuantTileRows];
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       const int64_t col0 = chunk * kQuantColumns, col1 = std::min(n, col0 + kQuantColumns);
       for (int64_t r = 0; r < m; r += tile) {
         const int64_t rows = std::min(tile, m - r);
-        for (int64_t col = col0; col < col1; ++col) {
+        int64_t col = col0;
+#if defined(LLM_SUITE_HAS_SIMD)
+        if (rows == 1 && !is_scalar && (w.group == 32 || (w.group == 16 && w.bits == 8))) {
+          // Decode: four columns at a time (see quant_cols_simd).
+          for (; col + kQuantDecodeColumns <= col1; col += kQuantDecodeColumns) {
+            float* ys4 = scales.data() + 2 * kQuantDecodeColumns * ng;
+            if (w.group == 32)
+              quant_cols_simd<kQuantDecodeColumns, 32>(w, a + r * k, sums + r * ng, col,
+                                                       scales.data(), scales.data() + 4 * ng, ys4);
+            else
+              quant_cols_simd<kQuantDecodeColumns, 16>(w, a + r * k, sums + r * ng, col,
+                                                       scales.data(), scales.data() + 4 * ng, ys4);
+            for (int i = 0; i < kQuantDecodeColumns; ++i) {
+              const float y = ys4[i] + (bp ? bp[col + i] : 0.0f);
+              if (is_bf16)
+                out_bf16[r * n + col + i] = c10::BFloat16(y);
+              else
+                out_f32[r * n + col + i] = y;
+            }
+          }
+        }
+#endif
+        for (; col < col1; ++col) {
           quant_tile(w, a + r * k, sums + r * ng, rows, col, scales.data(), scales.data() + ng,
                      ys, is_scalar);
           for (int64_t i = 0; i < rows; ++i) {
