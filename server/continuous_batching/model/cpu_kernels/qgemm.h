@@ -98,11 +98,11 @@ void quant_rows_scalar(const QuantWeight& w, const float* x, const float* xsum, 
 #if defined(LLM_SUITE_HAS_SIMD)
 
 // The G codes of one group as G / W float vectors, in element order.
-template <int G>
-inline void unpack_group(const uint8_t* p, int bits, typename Simd::F* q) {
+template <int B, int G>
+inline void unpack_group(const uint8_t* p, typename Simd::F* q) {
   using F = typename Simd::F;
   constexpr int W = Simd::W;
-  if (bits == 8) {
+  if constexpr (B == 8) {
     for (int v = 0; v < G / W; ++v) {
 #if defined(__AVX512F__)
       const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + v * W));
@@ -138,7 +138,7 @@ inline void unpack_group(const uint8_t* p, int bits, typename Simd::F* q) {
 }
 
 // R rows of x (float32, row stride k) against weight row ``col``: out[r] = y[r][col] less bias.
-template <int R, int G>
+template <int R, int B, int G>
 void quant_rows_simd(const QuantWeight& w, const float* x, const float* xsum, int64_t col,
                      float* s, float* o, float* out) {
   using S = Simd;
@@ -146,12 +146,12 @@ void quant_rows_simd(const QuantWeight& w, const float* x, const float* xsum, in
   constexpr int V = G / S::W;
   expand_scales(w, col, s, o);
   const uint8_t* codes = w.codes + col * w.row_bytes;
-  const int64_t group_bytes = G * w.bits / 8, k = w.k;
+  const int64_t group_bytes = G * B / 8, k = w.k;
   F acc[R];
   for (int r = 0; r < R; ++r) acc[r] = S::zero();
   for (int64_t g = 0; g < w.num_groups; ++g) {
     F q[V];
-    unpack_group<G>(codes + g * group_bytes, w.bits, q);
+    unpack_group<B, G>(codes + g * group_bytes, q);
     const F scale = S::set1(s[g]);
     const float* xg = x + g * G;
     for (int r = 0; r < R; ++r) {
@@ -168,13 +168,13 @@ void quant_rows_simd(const QuantWeight& w, const float* x, const float* xsum, in
 
 // Decode (one row of x): NC weight rows at once, sharing each load of x and giving the core
 // NC independent sums to overlap (one column at a time ran at half the bf16 kernel's rate).
-template <int NC, int G>
+template <int NC, int B, int G>
 void quant_cols_simd(const QuantWeight& w, const float* x, const float* xsum, int64_t col0,
                      float* s, float* o, float* out) {
   using S = Simd;
   using F = S::F;
   constexpr int V = G / S::W;
-  const int64_t ng = w.num_groups, group_bytes = G * w.bits / 8;
+  const int64_t ng = w.num_groups, group_bytes = G * B / 8;
   for (int c = 0; c < NC; ++c) expand_scales(w, col0 + c, s + c * ng, o + c * ng);
   const uint8_t* codes = w.codes + col0 * w.row_bytes;
   F acc[NC];
@@ -184,7 +184,7 @@ void quant_cols_simd(const QuantWeight& w, const float* x, const float* xsum, in
     for (int v = 0; v < V; ++v) xv[v] = S::load(x + g * G + v * S::W);
     for (int c = 0; c < NC; ++c) {
       F q[V];
-      unpack_group<G>(codes + c * w.row_bytes + g * group_bytes, w.bits, q);
+      unpack_group<B, G>(codes + c * w.row_bytes + g * group_bytes, q);
       F t = S::mul(xv[0], q[0]);
       for (int v = 1; v < V; ++v) t = S::fmadd(xv[v], q[v], t);
       acc[c] = S::fmadd(S::set1(s[c * ng + g]), t, acc[c]);
@@ -196,15 +196,26 @@ void quant_cols_simd(const QuantWeight& w, const float* x, const float* xsum, in
   }
 }
 
-template <int G>
+template <int B, int G>
 void quant_tile_simd(const QuantWeight& w, const float* x, const float* xsum, int64_t rows,
                      int64_t col, float* s, float* o, float* out) {
   switch (rows) {
-    case 4: quant_rows_simd<4, G>(w, x, xsum, col, s, o, out); break;
-    case 3: quant_rows_simd<3, G>(w, x, xsum, col, s, o, out); break;
-    case 2: quant_rows_simd<2, G>(w, x, xsum, col, s, o, out); break;
-    default: quant_rows_simd<1, G>(w, x, xsum, col, s, o, out); break;
+    case 4: quant_rows_simd<4, B, G>(w, x, xsum, col, s, o, out); break;
+    case 3: quant_rows_simd<3, B, G>(w, x, xsum, col, s, o, out); break;
+    case 2: quant_rows_simd<2, B, G>(w, x, xsum, col, s, o, out); break;
+    default: quant_rows_simd<1, B, G>(w, x, xsum, col, s, o, out); break;
   }
+}
+
+// The layouts the vector kernels take, as template arguments (bits and group size known at
+// compile time: a runtime test inside the loops made g++ split them into branchy pieces that
+// ran at a sixth of the bf16 kernel's rate). Returns false for any other layout.
+template <typename Fn>
+inline bool with_layout(const QuantWeight& w, Fn&& fn) {
+  if (w.bits == 4 && w.group == 32) return fn(std::integral_constant<int, 4>{}, std::integral_constant<int, 32>{}), true;
+  if (w.bits == 8 && w.group == 32) return fn(std::integral_constant<int, 8>{}, std::integral_constant<int, 32>{}), true;
+  if (w.bits == 8 && w.group == 16) return fn(std::integral_constant<int, 8>{}, std::integral_constant<int, 16>{}), true;
+  return false;
 }
 #endif
 
@@ -212,10 +223,10 @@ void quant_tile_simd(const QuantWeight& w, const float* x, const float* xsum, in
 inline void quant_tile(const QuantWeight& w, const float* x, const float* xsum, int64_t rows,
                        int64_t col, float* s, float* o, float* out, bool is_scalar) {
 #if defined(LLM_SUITE_HAS_SIMD)
-  if (!is_scalar && w.group % Simd::W == 0) {
-    if (w.group == 32) return quant_tile_simd<32>(w, x, xsum, rows, col, s, o, out);
-    if (w.group == 16 && w.bits == 8) return quant_tile_simd<16>(w, x, xsum, rows, col, s, o, out);
-  }
+  const auto tile = [&](auto b, auto g) {
+    quant_tile_simd<decltype(b)::value, decltype(g)::value>(w, x, xsum, rows, col, s, o, out);
+  };
+  if (!is_scalar && with_layout(w, tile)) return;
 #endif
   quant_rows_scalar(w, x, xsum, rows, col, s, o, out);
 }
@@ -265,13 +276,132 @@ QuantWeight quant_weight_of(const at::Tensor& codes, int64_t bits, int64_t group
   return w;
 }
 
-// Rows of x that share each unpacked group of codes (4 accumulators, the codes of a group and
-// the loads fit AVX2's 16 registers).
+// Rows of x per tile (the scalar loops take one at a time).
 constexpr int64_t kQuantTileRows = 4;
 // Weight rows the decode kernel (one row of x) takes at once.
 constexpr int kQuantDecodeColumns = 4;
 // Columns per work unit: their codes stay in cache while every row tile passes over them.
 constexpr int64_t kQuantColumns = 16;
+
+// Where a call writes: [m, n] in x's dtype (rounded once), the float32 bias added.
+struct QuantOut {
+  at::BFloat16* bf16;
+  float* f32;
+  const float* bias;
+  int64_t n;
+  void put(int64_t row, int64_t col, float y) const {
+    y += bias ? bias[col] : 0.0f;
+    if (bf16)
+      bf16[row * n + col] = c10::BFloat16(y);  // nearest even
+    else
+      f32[row * n + col] = y;
+  }
+};
+
+#if defined(LLM_SUITE_HAS_SIMD)
+// Vector v (of G / W) of a group's codes as floats: the M > 1 kernel unpacks one at a time.
+template <int B, int G>
+inline typename Simd::F unpack_one(const uint8_t* p, int v) {
+  constexpr int W = Simd::W, V = G / W;
+#if defined(__AVX512F__)
+  if constexpr (B == 8)
+    return _mm512_cvtepi32_ps(
+        _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + v * W))));
+  __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));  // V == 2
+  if (v) raw = _mm_srli_epi16(raw, 4);
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_and_si128(raw, _mm_set1_epi8(0x0F))));
+#else
+  if constexpr (B == 8)
+    return _mm256_cvtepi32_ps(
+        _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + v * W))));
+  // 4 bits (V == 4): bytes 0-7 or 8-15, low nibbles for v < 2, high ones after.
+  __m128i raw = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + (v % (V / 2)) * W));
+  if (v >= V / 2) raw = _mm_srli_epi16(raw, 4);
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(raw, _mm_set1_epi8(0x0F))));
+#endif
+}
+
+// M > 1: R rows of x against NC weight rows. Each weight vector is dequantised once in
+// registers (scale * code - offset, one fma) and used by all R rows, so the tile does R * NC
+// multiply-adds per NC unpacks; the sums need no per-group scaling. out: [R][NC].
+template <int R, int NC, int B, int G>
+void quant_block_simd(const QuantWeight& w, const float* x, int64_t col0, float* s, float* o,
+                      float* out) {
+  using S = Simd;
+  using F = S::F;
+  constexpr int V = G / S::W;
+  const int64_t ng = w.num_groups, group_bytes = G * B / 8, k = w.k;
+  for (int c = 0; c < NC; ++c) {
+    expand_scales(w, col0 + c, s + c * ng, o + c * ng);
+    if (!w.group_offset) std::fill(o + c * ng, o + (c + 1) * ng, 0.0f);
+  }
+  const uint8_t* codes = w.codes + col0 * w.row_bytes;
+  F acc[R][NC];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = S::zero();
+  for (int64_t g = 0; g < ng; ++g) {
+    for (int v = 0; v < V; ++v) {
+      F wv[NC];
+      for (int c = 0; c < NC; ++c) {
+        const F q = unpack_one<B, G>(codes + c * w.row_bytes + g * group_bytes, v);
+        wv[c] = S::fmadd(S::set1(s[c * ng + g]), q, S::set1(-o[c * ng + g]));
+      }
+      for (int r = 0; r < R; ++r) {
+        const F xr = S::load(x + r * k + g * G + v * S::W);
+        for (int c = 0; c < NC; ++c) acc[r][c] = S::fmadd(xr, wv[c], acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) out[r * NC + c] = S::reduce_add(acc[r][c]);
+}
+
+template <int B, int G>
+void quant_block_rows(const QuantWeight& w, const float* x, int64_t rows, int64_t col0,
+                      float* s, float* o, float* out) {
+  switch (rows) {
+    case 4: return quant_block_simd<4, 2, B, G>(w, x, col0, s, o, out);
+    case 3: return quant_block_simd<3, 2, B, G>(w, x, col0, s, o, out);
+    default: return quant_block_simd<2, 2, B, G>(w, x, col0, s, o, out);
+  }
+}
+
+// The vector kernels over columns [col, col1) of one row tile, as far as they go; returns the
+// first column they left (to the per-column path).
+template <int B, int G>
+int64_t quant_tile_columns(const QuantWeight& w, const float* a, const float* sums, int64_t r,
+                           int64_t rows, int64_t col, int64_t col1, float* scratch,
+                           const QuantOut& out) {
+  const int64_t ng = w.num_groups, k = w.k;
+  float* s = scratch;
+  float* o = scratch + kQuantDecodeColumns * ng;
+  float* ys = scratch + 2 * kQuantDecodeColumns * ng;
+  if (rows == 1) {  // decode: four columns at a time
+    for (; col + kQuantDecodeColumns <= col1; col += kQuantDecodeColumns) {
+      quant_cols_simd<kQuantDecodeColumns, B, G>(w, a + r * k, sums + r * ng, col, s, o, ys);
+      for (int c = 0; c < kQuantDecodeColumns; ++c) out.put(r, col + c, ys[c]);
+    }
+    return col;
+  }
+  for (; col + 2 <= col1; col += 2) {
+    quant_block_rows<B, G>(w, a + r * k, rows, col, s, o, ys);
+    for (int64_t i = 0; i < rows; ++i)
+      for (int c = 0; c < 2; ++c) out.put(r + i, col + c, ys[i * 2 + c]);
+  }
+  return col;
+}
+
+int64_t quant_tile_vector(const QuantWeight& w, const float* a, const float* sums, int64_t r,
+                          int64_t rows, int64_t col, int64_t col1, float* scratch,
+                          const QuantOut& out) {
+  int64_t next = col;
+  with_layout(w, [&](auto b, auto g) {
+    next = quant_tile_columns<decltype(b)::value, decltype(g)::value>(w, a, sums, r, rows, col,
+                                                                       col1, scratch, out);
+  });
+  return next;
+}
+#endif
 
 at::Tensor quant_linear_impl(const at::Tensor& x, const QuantWeight& w,
                              const c10::optional<at::Tensor>& bias, bool is_scalar) {
@@ -285,20 +415,20 @@ at::Tensor quant_linear_impl(const at::Tensor& x, const QuantWeight& w,
   // Per-group sums of x: the offsets' share of each output, one dot per column.
   const auto xsum = xf.view({m, ng, w.group}).sum(-1).contiguous();
   at::Tensor bias_f;
-  const float* bp = nullptr;
   if (bias && bias->defined()) {
     TORCH_CHECK(bias->numel() == n, "bias size");
     bias_f = bias->to(at::kFloat).contiguous();
-    bp = bias_f.data_ptr<float>();
   }
+  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
+  const QuantOut sink{is_bf16 ? out.data_ptr<at::BFloat16>() : nullptr,
+                      is_bf16 ? nullptr : out.data_ptr<float>(),
+                      bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, n};
   const float* a = xf.data_ptr<float>();
   const float* sums = xsum.data_ptr<float>();
-  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
-  at::BFloat16* out_bf16 = is_bf16 ? out.data_ptr<at::BFloat16>() : nullptr;
-  float* out_f32 = is_bf16 ? nullptr : out.data_ptr<float>();
   const int64_t tile = is_scalar ? 1 : kQuantTileRows;
+  const bool is_vector = !is_scalar && (w.group == 32 || (w.group == 16 && w.bits == 8));
   at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> scales(2 * kQuantDecodeColumns * ng + kQuantDecodeColumns);
+    std::vector<float> scratch(2 * kQuantDecodeColumns * ng + 2 * kQuantTileRows * 2);
     float ys[kQuantTileRows];
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       const int64_t col0 = chunk * kQuantColumns, col1 = std::min(n, col0 + kQuantColumns);
@@ -306,36 +436,12 @@ at::Tensor quant_linear_impl(const at::Tensor& x, const QuantWeight& w,
         const int64_t rows = std::min(tile, m - r);
         int64_t col = col0;
 #if defined(LLM_SUITE_HAS_SIMD)
-        if (rows == 1 && !is_scalar && (w.group == 32 || (w.group == 16 && w.bits == 8))) {
-          // Decode: four columns at a time (see quant_cols_simd).
-          for (; col + kQuantDecodeColumns <= col1; col += kQuantDecodeColumns) {
-            float* ys4 = scales.data() + 2 * kQuantDecodeColumns * ng;
-            if (w.group == 32)
-              quant_cols_simd<kQuantDecodeColumns, 32>(w, a + r * k, sums + r * ng, col,
-                                                       scales.data(), scales.data() + 4 * ng, ys4);
-            else
-              quant_cols_simd<kQuantDecodeColumns, 16>(w, a + r * k, sums + r * ng, col,
-                                                       scales.data(), scales.data() + 4 * ng, ys4);
-            for (int i = 0; i < kQuantDecodeColumns; ++i) {
-              const float y = ys4[i] + (bp ? bp[col + i] : 0.0f);
-              if (is_bf16)
-                out_bf16[r * n + col + i] = c10::BFloat16(y);
-              else
-                out_f32[r * n + col + i] = y;
-            }
-          }
-        }
+        if (is_vector) col = quant_tile_vector(w, a, sums, r, rows, col, col1, scratch.data(), sink);
 #endif
         for (; col < col1; ++col) {
-          quant_tile(w, a + r * k, sums + r * ng, rows, col, scales.data(), scales.data() + ng,
-                     ys, is_scalar);
-          for (int64_t i = 0; i < rows; ++i) {
-            const float y = ys[i] + (bp ? bp[col] : 0.0f);
-            if (is_bf16)
-              out_bf16[(r + i) * n + col] = c10::BFloat16(y);  // nearest even
-            else
-              out_f32[(r + i) * n + col] = y;
-          }
+          quant_tile(w, a + r * k, sums + r * ng, rows, col, scratch.data(),
+                     scratch.data() + ng, ys, is_scalar);
+          for (int64_t i = 0; i < rows; ++i) sink.put(r + i, col, ys[i]);
         }
       }
     }
