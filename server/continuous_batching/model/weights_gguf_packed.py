@@ -25,6 +25,7 @@ from types import ModuleType
 import numpy as np
 import torch
 from gguf import GGUFReader, ReaderTensor
+from gguf.quants import dequantize
 
 from ..quantization.packed_gguf import PACKABLE_TYPES, PackedWeight, concat_rows, repack
 from ..quantization.packed_linear import ConcatLinear, PackedLinear
@@ -91,8 +92,6 @@ def _dense_bias(tensor: ReaderTensor | None, config: ModelArchConfig) -> torch.T
     """A bias vector as float32 (un-permuted for q and k), or None."""
     if tensor is None:
         return None
-    from gguf.quants import dequantize
-
     bias = torch.from_numpy(np.array(dequantize(tensor.data, tensor.tensor_type), np.float32))
     heads = _rope_heads(tensor.name, config)
     return bias if heads is None else unpermute_rope_rows(bias, heads)
