@@ -34,6 +34,9 @@ class ComputePath(BaseModel):
     decoder_ops: str
     #: One line for people: "decoder ops: AVX2 kernels, bf16 weights, fp32 math (CPU: ...)".
     summary: str
+    #: How the matmul weights are held, e.g. "gguf Q4_K (packed int4, avx2)"; None where the
+    #: server does not say (optional: older servers and clients leave it out).
+    weights: str | None = None
 
 
 class HealthResponse(BaseModel):

@@ -79,6 +79,11 @@ class ModelLoadingConfig(ConfigSection):
     gptq_dequantize_at_load: bool = Field(
         default=False, description="dense weights at load: faster, but no int4 memory saving"
     )
+    gguf_dequantize_at_load: bool = Field(
+        default=False,
+        description="GGUF: dequantise every tensor to torch_dtype at load (the plain path) "
+        "instead of keeping Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K matmul weights packed on a CPU",
+    )
     gguf_file: str | None = Field(
         default=None,
         description="GGUF file (in model_name_or_path, or a path); a model_name_or_path "

@@ -34,9 +34,18 @@ PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a
 
 @pytest.fixture(scope="module")
 def gguf_runner() -> ModelRunner:
-    """The engine's runner over the GGUF file (float32), with a small KV pool."""
+    """The engine's runner over the GGUF file (float32) loaded the plain way (every tensor
+    dequantised at load: the path compared with the converted folder), small KV pool."""
     config = engine_config(Path(find_gguf()), num_blocks=64, num_blocks_cpu=0)
+    config.model_loading_config.gguf_dequantize_at_load = True
     return ModelRunner(config)
+
+
+@pytest.fixture(scope="module")
+def packed_runner() -> ModelRunner:
+    """The same file served as by default on a CPU: its Q4_1/Q8_0 weights kept quantised
+    (packed, where the fused kernels run; else the same plain path)."""
+    return ModelRunner(engine_config(Path(find_gguf()), num_blocks=64, num_blocks_cpu=0))
 
 
 def last_logits(model: LlamaForCausalLM, prompts: list[list[int]]) -> torch.Tensor:
@@ -72,9 +81,9 @@ def test_logits_match_converted_safetensors(gguf_runner, default_model_path) -> 
     torch.testing.assert_close(last_logits(gguf_runner.model, prompts), expected, atol=1e-5, rtol=0)
 
 
-def test_engine_from_gguf_alone_answers_paris(gguf_runner) -> None:
+def test_engine_from_gguf_alone_answers_paris(packed_runner) -> None:
     # No tokenizer folder: the tokenizer (and chat template) come from the GGUF file.
-    engine = LLMEngine(engine_config(Path(find_gguf()), num_blocks=64), runner=gguf_runner)
+    engine = LLMEngine(engine_config(Path(find_gguf()), num_blocks=64), runner=packed_runner)
     assert engine.eos_token_ids == [2]
     chat = [{"role": "user", "content": "What is the capital of France?"}]
     prompt = engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)

@@ -28,7 +28,7 @@ from .cpu_isa import CpuPath
 from .decoder_layer import LlamaDecoderLayer, param
 from .decoder_ops import TorchDecoderOps, decoder_ops_for
 from .layer_classes import layer_class_for
-from .linear import Linear, choose_packing
+from .linear import Linear, LinearLike, choose_packing
 from .paged_attention import AttentionBackend, LayerCache, PagedAttention
 from .rotary import RopeRows, RotaryTables
 
@@ -90,7 +90,11 @@ class LlamaForCausalLM(nn.Module):
             self.lm_head = param((config.vocab_size, config.hidden_size), dtype, self.device)
         self.rotary = RotaryTables(config, dtype, self.device)
         self.residual_dtype = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-        self.lm_head_linear = Linear(self.lm_head, None)
+        self.lm_head_linear: LinearLike = Linear(self.lm_head, None)
+        #: True once ``replace_lm_head`` installed another lm_head matmul (e.g. quantised).
+        self.is_lm_head_replaced = False
+        #: How the matmul weights are held, for the log and /health (the loader says).
+        self.weight_format: str | None = None
         self.decoder_ops: TorchDecoderOps
         self.attention_backend: AttentionBackend
         ops = decoder_ops_for(self.device, use_cpu_kernels, self.cpu_path)
@@ -117,7 +121,8 @@ class LlamaForCausalLM(nn.Module):
         packing = choose_packing(self.device, self.dtype, self.cpu_path, kernels)
         for layer in self.layers:
             layer.finalize(packing, kernels)
-        self.lm_head_linear = Linear(self.lm_head, None, packing, kernels)
+        if not self.is_lm_head_replaced:
+            self.lm_head_linear = Linear(self.lm_head, None, packing, kernels)
         if self.device.type == "cpu" and self.dtype != torch.float32 and packing == "none":
             # Served all the same, by the best there is here: torch's own 16-bit matmul.
             name = str(self.dtype).removeprefix("torch.")
@@ -130,18 +135,38 @@ class LlamaForCausalLM(nn.Module):
                 name,
             )
 
+    def replace_lm_head(self, linear: LinearLike) -> None:
+        """Install another lm_head matmul (a quantised one: it computes float32 logits from
+        float32 hidden states, so ``compute_logits`` needs no refinement). An untied dense
+        lm_head is dropped (the loader then no longer expects it); a tied one stays, as the
+        embedding."""
+        self.lm_head_linear = linear
+        self.is_lm_head_replaced = True
+        if not self.config.tie_word_embeddings:
+            self.lm_head = None
+
     def compute_path(self) -> ComputePath:
         """The device, ISA level and ops that run this model (for the log and /health)."""
         ops = self.decoder_ops.name
         if self.device.type != "cpu":
             summary = f"decoder ops: {ops}"
-            return ComputePath(device=str(self.device), decoder_ops=ops, summary=summary)
+            weights = self.weight_format
+            return ComputePath(
+                device=str(self.device), decoder_ops=ops, summary=summary, weights=weights
+            )
         path = self.cpu_path
         dtype_name = str(self.dtype).removeprefix("torch.")
         summary = path.describe(dtype_name, kernels_loaded=self.decoder_ops.module is not None)
+        if self.weight_format is not None:
+            summary += f"; weights: {self.weight_format}"
         summary += f"; torch's own CPU kernels: {torch.backends.cpu.get_cpu_capability()}"
         return ComputePath(
-            device="cpu", isa=path.level, best_isa=path.best_level, decoder_ops=ops, summary=summary
+            device="cpu",
+            isa=path.level,
+            best_isa=path.best_level,
+            decoder_ops=ops,
+            summary=summary,
+            weights=self.weight_format,
         )
 
     def hf_weight_targets(self) -> dict[str, tuple[torch.Tensor, int, int]]:
@@ -152,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
             "model.embed_tokens.weight": (self.embed_tokens, 0, c.vocab_size),
             "model.norm.weight": (self.norm, 0, c.hidden_size),
         }
-        if not c.tie_word_embeddings:
+        if not c.tie_word_embeddings and self.lm_head is not None:
             targets["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
         for i, layer in enumerate(self.layers):
             for suffix, (target, start, end) in layer.hf_weight_targets(c).items():
@@ -216,6 +241,9 @@ class LlamaForCausalLM(nn.Module):
         logits near 25 to steps of 0.125, which turns close candidates into exact ties and
         flips greedy choices, while a float32 lm_head would read 4x the bytes every step.
         """
+        if self.is_lm_head_replaced:
+            # Quantised lm_head: float32 in, float32 out, at the cost of the 16-bit matmul.
+            return self.lm_head_linear(hidden_states.float()).float()
         logits = self.lm_head_linear(hidden_states.to(self.dtype))
         if self.residual_dtype == self.dtype or logits.shape[0] == 0:
             return logits.float()

@@ -24,6 +24,7 @@ from itertools import chain
 from pathlib import Path
 
 import torch
+from gguf import GGUFReader
 from safetensors import safe_open
 
 from ..engine_config import ModelLoadingConfig
@@ -34,6 +35,7 @@ from ..quantization.gptq import (
     read_gptq_config,
     split_gptq_checkpoint,
 )
+from ..quantization.packed_linear import kernels_can_pack
 from ..quantization.quant_linear import QuantLinear, fuse
 from . import cpu_isa
 from .architecture import ModelArchConfig
@@ -42,6 +44,7 @@ from .llama import LlamaForCausalLM
 from .model_classes import model_class_for
 from .moe_weights import canonical_expert_tensors
 from .weights_gguf import iter_gguf, open_gguf, read_gguf_config
+from .weights_gguf_packed import install_packed_linears
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +171,8 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         model = model_class_for(arch)(
             arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels, cpu_path=cpu_path
         )
-        assign_weights(model, iter_gguf(reader, arch))
+        skip = _install_gguf_packed(model, reader, arch, config.gguf_dequantize_at_load)
+        assign_weights(model, iter_gguf(reader, arch, skip))
     else:
         arch = read_arch_config(model_path)
         config.check_checkpoint_model_type(arch.model_type)
@@ -181,14 +185,40 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
                 f"quantize_method is gptq but {model_path} has no quantize_config.json "
                 "and no GPTQ quantization_config in config.json"
             )
+        dtype_name = str(dtype).removeprefix("torch.")
         if gptq is None:
             assign_weights(model, iter_safetensors(model_path))
+            model.weight_format = f"{dtype_name} dense"
         else:
             files = gptq_files(model_path, config.gptq_model_base_name)
             _load_gptq(model, files, gptq, dequantize_at_load=config.gptq_dequantize_at_load)
+            kept = "dequantised at load" if config.gptq_dequantize_at_load else "int4 QuantLinear"
+            model.weight_format = f"gptq {kept}, {dtype_name} dense elsewhere"
     model.finalize()
     model.eval()
     return model, arch
+
+
+def _install_gguf_packed(
+    model: LlamaForCausalLM, reader: GGUFReader, arch: ModelArchConfig, dequantize_at_load: bool
+) -> set[str]:
+    """Keep the GGUF's quantised matmul weights packed where the CPU kernels run (see
+    ``weights_gguf_packed``); returns the GGUF tensor names installed that way. Otherwise
+    (``dequantize_at_load``, not a CPU, no kernels) nothing: every tensor is dequantised."""
+    kernels = model.decoder_ops.module
+    dtype_name = str(model.dtype).removeprefix("torch.")
+    if dequantize_at_load or model.device.type != "cpu" or not kernels_can_pack(kernels):
+        model.weight_format = f"gguf dequantised to {dtype_name} at load"
+        return set()
+    load = install_packed_linears(model, reader, arch, kernels)
+    model.weight_format = load.describe(model.cpu_path.level)
+    logger.info(
+        "GGUF weights kept quantised: %s; %d tensors, %.1f MiB packed",
+        model.weight_format,
+        sum(load.num_tensors.values()),
+        load.num_bytes / 2**20,
+    )
+    return load.consumed
 
 
 def _load_gptq(

@@ -10,13 +10,15 @@ Two things differ from a Hugging Face checkpoint besides the names:
 * GGUF stores matrices in GGML order ([in, out] in its shape field), but the ``gguf`` package's
   ``dequantize`` returns numpy arrays in row-major [out, in], the ``nn.Linear`` layout.
 
-Quantised tensors (Q4_1, Q8_0, K-quants...) are dequantised at load with ``gguf.quants``: the
-model runs in the configured dtype, so a GGUF checkpoint costs as much memory as a dense one.
+Quantised tensors (Q4_1, Q8_0, K-quants...) are dequantised at load with ``gguf.quants`` on
+this path: the model then runs in the configured dtype, at a dense checkpoint's memory. On a
+CPU with the fused kernels, ``weights_gguf_packed`` keeps the quantised matmul weights packed
+instead and this path loads the rest.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -130,11 +132,16 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return rows.transpose(1, 2).reshape(weight.shape)
 
 
-def iter_gguf(reader: GGUFReader, config: ModelArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (hf_name, float32 tensor) for every tensor, dequantised one at a time.
-    Unknown tensor names are passed through unchanged so ``assign_weights`` reports them."""
+def iter_gguf(
+    reader: GGUFReader, config: ModelArchConfig, skip: Collection[str] = ()
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (hf_name, float32 tensor) for every tensor but those named in ``skip`` (GGUF
+    names: kept quantised elsewhere), dequantised one at a time. Unknown tensor names are
+    passed through unchanged so ``assign_weights`` reports them."""
     is_permuted = config.model_type in gguf_families.PERMUTED_ARCHITECTURES
     for tensor in reader.tensors:
+        if tensor.name in skip:
+            continue
         if tensor.name in gguf_families.CONFIG_TENSORS:
             continue  # LongRoPE factors: read into the config already
         values = dequantize(tensor.data, tensor.tensor_type)

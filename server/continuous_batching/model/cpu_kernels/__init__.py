@@ -16,7 +16,10 @@ a CPU:
   recomputed exactly;
 * ``bf16_linear``: the bfloat16 matmul of every linear layer, from weights packed once by
   ``pack_bf16_weight`` (vdpbf16ps on AVX512-BF16; elsewhere bf16 widened to float32 in
-  registers, a 16-bit shift, so the weights stay at two bytes each in memory).
+  registers, a 16-bit shift, so the weights stay at two bytes each in memory);
+* ``quant_linear``: the matmul of weights kept quantised (GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K
+  repacked by ``quantization.packed_gguf``), dequantised group by group in registers
+  (``qgemm.h``; its scalar loops, ``is_scalar=True``, are the reference the tests compare).
 
 They compute in float32 (products of bf16 pairs exactly) and round once, so they are at least
 as exact as the torch ops they replace, which stay the reference the tests compare them with

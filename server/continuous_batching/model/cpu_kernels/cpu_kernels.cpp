@@ -7,6 +7,7 @@
 //   attention.h    paged decode attention
 //   elementwise.h  RMSNorm, SiLU- and GELU-tanh-and-mul, RoPE + K/V writes, logit refinement
 //   gemm.h         the bf16 matmul of the linear layers and its weight packing
+//   qgemm.h        the matmul of weights kept quantised (repacked GGUF types)
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags
 // name its ISA level (cpu_isa.py); the module says which with ``isa`` and ``gemm``.
@@ -15,6 +16,7 @@
 #include "attention.h"
 #include "elementwise.h"
 #include "gemm.h"
+#include "qgemm.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // window: keys at positions > context_len - 1 - window only (0: all); softcap: scores ->
@@ -31,6 +33,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
   m.def("refine_logits", &refine_logits,
         "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly");
+  m.def("quant_linear", &quant_linear,
+        "x [M,K] (bf16/fp32) . W^T (+ bias) with W kept quantised (qgemm.h) -> [M,N] x.dtype",
+        py::arg("x"), py::arg("codes"), py::arg("bits"), py::arg("group"),
+        py::arg("group_scale"), py::arg("group_offset") = py::none(),
+        py::arg("super_scale") = py::none(), py::arg("super_offset") = py::none(),
+        py::arg("bias") = py::none(), py::arg("is_scalar") = false);
 #if defined(LLM_SUITE_HAS_SIMD)
   m.attr("vector_width") = Simd::W;
   m.attr("gemm") = kGemmKind;

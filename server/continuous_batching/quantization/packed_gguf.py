@@ -1,0 +1,225 @@
+"""GGUF quantised matrices repacked, exactly, into the one layout our CPU kernels read
+(``cpu_kernels/qgemm.h``): they stay quantised in memory and are dequantised inside the matmul.
+
+The layout, per weight row (an output feature), K along the row in groups of G weights:
+
+* ``codes``: 4-bit (two a byte: byte j of a group holds element j in its low nibble and
+  element j + G/2 in its high one, G = 32) or 8-bit (int8, one a byte);
+* per group an integer-or-fp16 ``group_scale`` and optional ``group_offset``; with
+  ``super_scale`` (float32, one per super-block of S groups) a group's scale is
+  ``super_scale * group_scale`` (K-quants' ``d * sc``), likewise the offset;
+* value = scale * code - offset, in float32: the same products ``gguf.quants.dequantize``
+  computes, so every weight matches it bit for bit.
+
+How each source type maps onto it (bytes per 256 weights: source -> packed):
+
+=======  ===========================================  ============
+Q8_0     int8 codes, scale = d (fp16)                 272 -> 272
+Q4_0     4-bit codes, scale = d, offset = 8 d (fp16)  144 -> 160
+Q4_1     4-bit codes, scale = d, offset = -m (fp16)   160 -> 160
+Q4_K     4-bit codes, d*sc, dmin*m (6-bit sc, m)      144 -> 152
+Q5_K     8-bit codes (0..31), as Q4_K                 176 -> 280
+Q6_K     int8 codes q-32, G = 16, d*sc (int8 sc)      210 -> 276
+=======  ===========================================  ============
+
+Every repacker is vectorised over all blocks of a tensor (no Python loop over blocks).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as T
+
+#: Source types that repack exactly into the layout (others are dequantised at load).
+PACKABLE_TYPES: frozenset[T] = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K})
+_SUPER = 256  # K-quants' super-block
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [num_rows, in_features] matrix in the packed layout (see the module docstring)."""
+
+    source: str
+    codes: torch.Tensor
+    bits: int
+    group: int
+    group_scale: torch.Tensor
+    group_offset: torch.Tensor | None = None
+    super_scale: torch.Tensor | None = None
+    super_offset: torch.Tensor | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Output features."""
+        return self.codes.shape[0]
+
+    @property
+    def in_features(self) -> int:
+        """K, the length of a row."""
+        return self.codes.shape[1] * 8 // self.bits
+
+    @property
+    def num_bytes(self) -> int:
+        """Bytes held (codes and scales)."""
+        parts = [self.codes, self.group_scale, self.group_offset]
+        parts += [self.super_scale, self.super_offset]
+        return sum(p.numel() * p.element_size() for p in parts if p is not None)
+
+    def tensors(self) -> list[torch.Tensor | None]:
+        """Every row-indexed tensor, in field order (None where absent)."""
+        return [
+            self.codes,
+            self.group_scale,
+            self.group_offset,
+            self.super_scale,
+            self.super_offset,
+        ]
+
+    def layout_key(self) -> tuple:
+        """Equal for weights whose rows can be stacked into one (same K, bits, groups, dtypes)."""
+        kinds = tuple(None if t is None else (t.dtype, t.shape[1]) for t in self.tensors())
+        return (self.bits, self.group, kinds)
+
+    def select_rows(self, index: torch.Tensor) -> PackedWeight:
+        """The rows ``index`` (permuting rows of a row-quantised matrix is exact)."""
+        picked = [None if t is None else t.index_select(0, index) for t in self.tensors()]
+        return replace(self, **dict(zip(_ROW_FIELDS, picked, strict=True)))
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [num_rows, in_features]: the plain reference the kernels are tested with."""
+        rows, num_groups = self.group_scale.shape
+        scale = _expand(self.group_scale, self.super_scale)
+        if self.bits == 8:
+            codes = self.codes.view(torch.int8).float()
+        else:
+            low = (self.codes & 0x0F).view(rows, num_groups, -1)
+            high = (self.codes >> 4).view(rows, num_groups, -1)
+            halves = torch.stack([low, high], 2)
+            codes = halves.reshape(rows, -1).float()
+        values = scale.unsqueeze(-1) * codes.view(rows, num_groups, self.group)
+        if self.group_offset is not None:
+            values = values - _expand(self.group_offset, self.super_offset).unsqueeze(-1)
+        return values.reshape(rows, -1)
+
+
+_ROW_FIELDS = ("codes", "group_scale", "group_offset", "super_scale", "super_offset")
+
+
+def _expand(group: torch.Tensor, super_: torch.Tensor | None) -> torch.Tensor:
+    """float32 per-group values: the group's own, or its super-block's times it."""
+    values = group.float()
+    if super_ is None:
+        return values
+    per_super = group.shape[1] // super_.shape[1]
+    return super_.repeat_interleave(per_super, dim=1) * values
+
+
+def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
+    """One weight stacking ``parts``' rows (their ``layout_key`` must agree)."""
+    if len({p.layout_key() for p in parts}) != 1:
+        raise ValueError("packed weights of different layouts cannot be stacked")
+    stacked = [
+        None if tensors[0] is None else torch.cat(tensors)
+        for tensors in zip(*(p.tensors() for p in parts), strict=True)
+    ]
+    source = "+".join(dict.fromkeys(p.source for p in parts))
+    return replace(parts[0], source=source, **dict(zip(_ROW_FIELDS, stacked, strict=True)))
+
+
+def _t(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
+    """The fp16 field at byte ``start`` of every block, as float16 [rows, blocks]."""
+    return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
+
+
+def _nibbles_to_groups(q: np.ndarray, rows: int) -> np.ndarray:
+    """Codes 0..15 [rows, K] -> our 4-bit packing (element j | element j + 16 << 4 per group)."""
+    g = q.reshape(rows, -1, 2, 16)
+    return (g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(rows, -1)
+
+
+def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Q4_K/Q5_K's 12 scale bytes of each block -> (sc, m), 6-bit, 8 per block (gguf's own
+    bit layout, ``Q4_K.get_scale_min``)."""
+    d, m, m_d = scales[..., 0:4], scales[..., 4:8], scales[..., 8:12]
+    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+    mn = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
+    return sc, mn
+
+
+def _repack_legacy(blocks: np.ndarray, qtype: T, rows: int) -> PackedWeight:
+    """Q8_0 / Q4_0 / Q4_1: one fp16 scale (and offset) per block of 32."""
+    d = _f16(blocks, 0)
+    if qtype == T.Q8_0:
+        codes = blocks[..., 2:].reshape(rows, -1).view(np.int8)
+        return PackedWeight("Q8_0", _t(codes), 8, 32, _t(d))
+    if qtype == T.Q4_0:
+        # d * (q - 8) = d q - 8 d: both products exact in float32, so the difference is too.
+        codes, offset = blocks[..., 2:], (d.astype(np.float32) * 8).astype(np.float16)
+    else:
+        codes, offset = blocks[..., 4:], -_f16(blocks, 2)
+    # gguf's own nibble order is ours: low nibbles the first 16 elements.
+    return PackedWeight(qtype.name, _t(codes.reshape(rows, -1)), 4, 32, _t(d), _t(offset))
+
+
+def _repack_k(blocks: np.ndarray, qtype: T, rows: int) -> PackedWeight:
+    """Q4_K / Q5_K: fp16 d, dmin per 256, 6-bit sc, m per 32."""
+    d, dmin = _f16(blocks, 0).astype(np.float32), _f16(blocks, 2).astype(np.float32)
+    sc, mn = _k_scales(blocks[..., 4:16])
+    qs = blocks[..., -128:].reshape(rows, -1, 4, 1, 32)
+    # Per 64 weights, 32 bytes: low nibbles the first 32 weights, high nibbles the next 32.
+    q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(rows, -1, 256)
+    if qtype == T.Q5_K:
+        qh = blocks[..., 16:48].reshape(rows, -1, 1, 32)
+        high = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
+        q5 = (q | (high.reshape(rows, -1, 256) << 4)).reshape(rows, -1).view(np.int8)
+        codes, bits = q5, 8
+    else:
+        codes, bits = _nibbles_to_groups(q, rows), 4
+    return PackedWeight(
+        qtype.name,
+        _t(codes),
+        bits,
+        32,
+        _t(sc.reshape(rows, -1)),
+        _t(mn.reshape(rows, -1)),
+        _t(d),
+        _t(dmin),
+    )
+
+
+def _repack_q6_k(blocks: np.ndarray, rows: int) -> PackedWeight:
+    """Q6_K: int8 codes q - 32, groups of 16 with int8 scales, fp16 d per 256."""
+    nb = blocks.shape[1]
+    ql, qh = blocks[..., :128], blocks[..., 128:192]
+    scales = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8)
+    d = _f16(blocks, 208).astype(np.float32)
+    shifts4 = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
+    low = ((ql.reshape(rows, nb, 2, 1, 64) >> shifts4) & 0x0F).reshape(rows, nb, 8, 32)
+    shifts2 = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
+    high = ((qh.reshape(rows, nb, 2, 1, 32) >> shifts2) & 0x03).reshape(rows, nb, 8, 32)
+    codes = ((low | (high << 4)).astype(np.int8) - np.int8(32)).reshape(rows, -1)
+    return PackedWeight("Q6_K", _t(codes), 8, 16, _t(scales.reshape(rows, -1)), None, _t(d))
+
+
+_BLOCK_BYTES = {T.Q8_0: 34, T.Q4_0: 18, T.Q4_1: 20, T.Q4_K: 144, T.Q5_K: 176, T.Q6_K: 210}
+
+
+def repack(raw: np.ndarray, qtype: T) -> PackedWeight:
+    """Repack a GGUF tensor's raw bytes, uint8 [rows, bytes per row] (``ReaderTensor.data``
+    of a quantised type), into a ``PackedWeight``. Raises ValueError for other types."""
+    if qtype not in PACKABLE_TYPES:
+        raise ValueError(f"GGUF type {qtype.name} has no packed layout")
+    rows = raw.shape[0]
+    blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, -1, _BLOCK_BYTES[qtype])
+    if qtype in (T.Q8_0, T.Q4_0, T.Q4_1):
+        return _repack_legacy(blocks, qtype, rows)
+    if qtype == T.Q6_K:
+        return _repack_q6_k(blocks, rows)
+    return _repack_k(blocks, qtype, rows)

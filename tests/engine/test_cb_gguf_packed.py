@@ -1,0 +1,114 @@
+"""GGUF models served with their matmul weights kept quantised (packed) on a CPU give the same
+greedy tokens as the same file loaded the plain way (every tensor dequantised to float32 at
+load): tiny random llamas written in each packable type, and a Q4_K_M-like mix (Q6_K v and
+down, an F16 gate next to a Q4_K up, an untied Q6_K lm_head)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from server.continuous_batching.engine_config import ModelLoadingConfig
+from server.continuous_batching.model import (
+    LlamaForCausalLM,
+    build_attention_metadata,
+    kv_cache_shape,
+)
+from server.continuous_batching.model.llama import LlamaDecoderLayer
+from server.continuous_batching.model.weights import load_model
+from server.continuous_batching.quantization.packed_linear import ConcatLinear, PackedLinear
+from tests.support.cpu_paths import kernel_levels
+from tests.support.gguf_files import write_tiny_llama
+
+CPU = torch.device("cpu")
+BLOCK = 16
+PROMPTS = [[5, 17, 99, 3, 250, 41, 7], [300, 2]]
+NUM_NEW = 6
+
+pytestmark = pytest.mark.skipif(not kernel_levels(), reason="no fused CPU kernels on this CPU")
+
+
+def _load(path: Path, is_dequantized: bool, dtype: str = "float32", isa: str = "auto"):
+    config = ModelLoadingConfig(
+        model_name_or_path=str(path),
+        torch_dtype=dtype,
+        cpu_isa=isa,
+        gguf_dequantize_at_load=is_dequantized,
+    )
+    model, _ = load_model(config)
+    return model
+
+
+def _prefill_logits(model: LlamaForCausalLM, prompts: list[list[int]]) -> torch.Tensor:
+    """Every prompt prefilled in one forward; the last token's logits of each."""
+    lens, tables, nxt = [len(p) for p in prompts], [], 1
+    for n in lens:
+        tables.append(list(range(nxt, nxt + -(-n // BLOCK))))
+        nxt += len(tables[-1])
+    meta = build_attention_metadata(lens, lens, tables, BLOCK, CPU)
+    shape = kv_cache_shape(model.config, nxt, BLOCK)
+    zeros = [torch.zeros(shape, dtype=model.dtype) for _ in range(2 * len(model.layers))]
+    caches = list(zip(zeros[::2], zeros[1::2], strict=True))
+    ids = torch.tensor([t for p in prompts for t in p])
+    positions = torch.tensor([i for n in lens for i in range(n)])
+    hidden = model(ids, positions, caches, meta)
+    return model.compute_logits(hidden[torch.tensor(lens).cumsum(0) - 1])
+
+
+def greedy(model: LlamaForCausalLM) -> list[list[int]]:
+    """NUM_NEW greedy tokens per prompt (each step a fresh prefill of the whole sequence)."""
+    seqs = [list(p) for p in PROMPTS]
+    for _ in range(NUM_NEW):
+        for seq, token in zip(seqs, _prefill_logits(model, seqs).argmax(-1).tolist(), strict=True):
+            seq.append(token)
+    return [seq[len(p) :] for seq, p in zip(seqs, PROMPTS, strict=True)]
+
+
+def _linears(layer: LlamaDecoderLayer) -> dict[str, object]:
+    return {name: getattr(layer, name) for name in ("qkv", "o_proj", "gate_up", "down")}
+
+
+@pytest.mark.parametrize("qtype", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K], ids=str)
+def test_packed_tokens_equal_dequantized(tmp_path, qtype) -> None:
+    path = write_tiny_llama(tmp_path / f"{qtype.name}.gguf", {}, qtype, seed=int(qtype))
+    packed, plain = _load(path, False), _load(path, True)
+    assert all(isinstance(m, PackedLinear) for m in _linears(packed.layers[0]).values())
+    assert isinstance(packed.lm_head_linear, PackedLinear)  # tied: token_embd's own type
+    bits = 4 if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else 8
+    level = packed.cpu_path.level
+    assert packed.weight_format == f"gguf {qtype.name} (packed int{bits}, {level})"
+    assert plain.weight_format == "gguf dequantised to float32 at load"
+    expected = greedy(plain)
+    assert len({t for row in expected for t in row}) > 1  # not one token repeated
+    assert greedy(packed) == expected
+    logits = _prefill_logits(packed, PROMPTS)
+    torch.testing.assert_close(logits, _prefill_logits(plain, PROMPTS), atol=2e-4, rtol=2e-4)
+
+
+def test_mixed_types_and_untied_head(tmp_path) -> None:
+    types = {"attn_v": T.Q6_K, "ffn_down": T.Q6_K, "ffn_gate": T.F16, "output": T.Q6_K}
+    path = write_tiny_llama(tmp_path / "mix.gguf", types, T.Q4_K, is_tied=False)
+    packed, plain = _load(path, False), _load(path, True)
+    linears = _linears(packed.layers[0])
+    assert isinstance(linears["qkv"], ConcatLinear)  # Q4_K q/k, Q6_K v: separate parts
+    assert isinstance(linears["down"], PackedLinear) and packed.lm_head is None
+    assert not isinstance(linears["gate_up"], PackedLinear | ConcatLinear)  # F16 gate: dense
+    level = packed.cpu_path.level
+    assert packed.compute_path().weights == f"gguf Q4_K, Q6_K (packed int4/int8, {level})"
+    assert "weights: gguf Q4_K, Q6_K" in packed.compute_path().summary
+    assert greedy(packed) == greedy(plain)
+
+
+def test_bf16_model_and_generic_level(tmp_path) -> None:
+    path = write_tiny_llama(tmp_path / "q4k.gguf", {}, T.Q4_K)
+    packed = _load(path, False, dtype="bfloat16")
+    plain = _load(path, True)  # float32: the bf16 model's weights are exact, its math bf16
+    torch.testing.assert_close(
+        _prefill_logits(packed, PROMPTS), _prefill_logits(plain, PROMPTS), atol=0.05, rtol=0.05
+    )
+    # The generic level has no kernels: the plain path, said so on /health.
+    generic = _load(path, False, isa="generic")
+    assert generic.compute_path().weights == "gguf dequantised to float32 at load"

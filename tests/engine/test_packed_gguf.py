@@ -1,0 +1,116 @@
+"""GGUF weights kept quantised: the repacking into our layout is exact (equal to gguf's own
+dequantiser bit for bit), and the fused ``quant_linear`` kernel, at every ISA level this CPU
+runs (and its scalar loops), matches a float64 matmul of the dequantised weight."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+from gguf.quants import dequantize
+
+from server.continuous_batching.model import cpu_kernels
+from server.continuous_batching.quantization.packed_gguf import (
+    PACKABLE_TYPES,
+    concat_rows,
+    repack,
+)
+from server.continuous_batching.quantization.packed_linear import ConcatLinear, PackedLinear
+from tests.support.cpu_paths import kernel_levels
+from tests.support.gguf_files import random_blocks
+
+TYPES = [T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K]
+IDS = [t.name for t in TYPES]
+
+
+def _k_for(qtype: T, num_super: int) -> int:
+    """A row length: K-quants need whole 256-weight super-blocks, the others blocks of 32
+    (an odd count of them, so no vector-width multiple hides a tail bug)."""
+    return 256 * num_super if qtype in (T.Q4_K, T.Q5_K, T.Q6_K) else 32 * (2 * num_super + 1)
+
+
+@pytest.fixture(scope="module", params=kernel_levels())
+def kernels(request):
+    module = cpu_kernels.load(request.param)
+    if module is None:
+        why = f"the fused CPU kernels ({request.param}) could not be built (see the log)"
+        if os.environ.get("CI"):
+            pytest.fail(why)
+        pytest.skip(why)
+    return module
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_repack_is_exact(qtype) -> None:
+    rng = np.random.default_rng(int(qtype))
+    raw = random_blocks(qtype, 7, _k_for(qtype, 3), rng)
+    weight = repack(raw, qtype)
+    expected = dequantize(raw, qtype)
+    assert weight.in_features == expected.shape[1] and weight.num_rows == 7
+    assert np.array_equal(weight.dequantize().numpy(), expected)
+    # Rows: permuting and stacking packed rows is exact too.
+    order = torch.tensor([3, 0, 6, 1, 5, 2, 4])
+    assert np.array_equal(weight.select_rows(order).dequantize().numpy(), expected[order])
+    both = concat_rows([weight, weight.select_rows(order)])
+    assert np.array_equal(both.dequantize().numpy(), np.concatenate([expected, expected[order]]))
+    assert weight.num_bytes <= 1.6 * raw.nbytes  # near the source (8-bit Q5_K codes: 1.6x)
+
+
+def test_other_types_are_refused() -> None:
+    assert T.Q2_K not in PACKABLE_TYPES
+    with pytest.raises(ValueError, match="no packed layout"):
+        repack(np.zeros((1, 84), np.uint8), T.Q2_K)
+
+
+def _reference(x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tensor:
+    out = x.double() @ weight.dequantize().double().T
+    return out if bias is None else out + bias.double()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("rows", [1, 3, 9], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_quant_linear_matches_float64(kernels, qtype, rows, dtype) -> None:
+    # M=1 is decode; 3 a partial row tile; 9 two whole tiles and a tail. 21 columns cross the
+    # 16-column work units; the scalar loops run the same call as the reference kernel.
+    rng = np.random.default_rng(rows * 100 + int(qtype))
+    weight = repack(random_blocks(qtype, 21, _k_for(qtype, 2), rng), qtype)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, weight.in_features, generator=gen).to(dtype)
+    bias = torch.randn(21, generator=gen)
+    expected = _reference(x, weight, bias)
+    tolerance = 2e-5 if dtype == torch.float32 else 8e-3  # bf16: the output's own rounding
+    scale = expected.abs().max().item()
+    for is_scalar in (False, True):
+        got = kernels.quant_linear(
+            x,
+            weight.codes,
+            weight.bits,
+            weight.group,
+            weight.group_scale,
+            weight.group_offset,
+            weight.super_scale,
+            weight.super_offset,
+            bias,
+            is_scalar,
+        )
+        assert got.dtype == dtype and got.shape == (rows, 21)
+        assert (got.double() - expected).abs().max().item() <= tolerance * scale, is_scalar
+
+
+def test_packed_linear_kernel_matches_reference_path(kernels) -> None:
+    rng = np.random.default_rng(5)
+    q4k = repack(random_blocks(T.Q4_K, 24, 512, rng), T.Q4_K)
+    q6k = repack(random_blocks(T.Q6_K, 8, 512, rng), T.Q6_K)
+    x = torch.randn(5, 512)
+    fast, plain = PackedLinear(q4k, None, kernels), PackedLinear(q4k, None, None)
+    torch.testing.assert_close(fast(x), plain(x), atol=1e-4, rtol=1e-4)
+    # Different layouts stay separate parts, concatenated.
+    mixed = ConcatLinear([PackedLinear(q4k, None, kernels), PackedLinear(q6k, None, kernels)])
+    expected = torch.cat([plain(x), PackedLinear(q6k, None, None)(x)], dim=-1)
+    torch.testing.assert_close(mixed(x), expected, atol=1e-4, rtol=1e-4)
+    residual = torch.randn(5, 32)
+    torch.testing.assert_close(mixed.add_to(residual, x), residual + expected, atol=1e-4, rtol=1e-4)
