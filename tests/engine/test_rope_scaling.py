@@ -167,3 +167,13 @@ def test_unknown_rope_type_names_the_key() -> None:
     d["rope_parameters"] = {"rope_type": "mrope", "rope_theta": 10000.0}
     with pytest.raises(UnsupportedModelError, match="'mrope'"):
         read_hf_config(d)
+
+
+def test_qwen3_sliding_window_is_refused_until_the_engine_honours_it() -> None:
+    d = Qwen3Config(**SHAPES, use_sliding_window=True, sliding_window=64, max_window_layers=0)
+    d = {**d.to_dict(), "architectures": ["Qwen3ForCausalLM"]}
+    with pytest.raises(UnsupportedModelError, match="use_sliding_window"):
+        read_hf_config(d)
+    d["use_sliding_window"] = False  # what released Qwen3 configs say
+    d["layer_types"] = None
+    assert read_hf_config(d).family == "qwen3"
