@@ -8,6 +8,7 @@ see a real tokenizer and chat template. The vocabulary is the tokenizer's (49,15
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -42,3 +43,29 @@ def write_tiny_checkpoint(
         if (tokenizer_from / name).is_file():
             shutil.copy(tokenizer_from / name, folder / name)
     return model
+
+
+def _tiny_llama() -> PretrainedConfig:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(**SHAPE, tie_word_embeddings=False)
+
+
+#: The shape every tiny family shares (GQA, two layers, a vocabulary the tokenizer covers).
+SHAPE: dict[str, int] = {
+    "vocab_size": VOCAB_SIZE,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+#: Family name -> its tiny config, built by transformers' own config class. Each family the
+#: engine runs is listed, so the end-to-end tests serve every one of them.
+TINY_FAMILIES: dict[str, Callable[[], PretrainedConfig]] = {
+    "llama": _tiny_llama,
+}

@@ -65,8 +65,31 @@ class ModelArchConfig:
     #: Per layer "full_attention" or "sliding_attention" (transformers' ``layer_types``);
     #: empty: every layer alike.
     layer_types: tuple[str, ...] = ()
+    #: Attention score scale; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5).
+    attention_scale: float | None = None
+    #: Attention logits become ``cap * tanh(logits / cap)`` before the mask (Gemma 2); None: off.
+    attn_logit_softcap: float | None = None
+    #: Output logits become ``cap * tanh(logits / cap)`` (Gemma 2); None: off.
+    final_logit_softcap: float | None = None
+    #: RoPE base and scaling of the "sliding_attention" layers when they differ from the
+    #: others' (``rope_theta``/``rope_scaling``): Gemma 3's local rope. None: one rope for all.
+    sliding_rope_theta: float | None = None
+    sliding_rope_scaling: dict[str, Any] | None = None
     #: Share of each head's dimensions that RoPE rotates (the first ones; Phi-4-mini: 0.75).
     partial_rotary_factor: float = 1.0
+    #: Mixture of experts (``moe``): routed experts per MoE layer (0: a dense model).
+    num_experts: int = 0
+    #: Experts each token is routed to (top-k).
+    num_experts_per_tok: int = 0
+    #: Width of one expert's MLP (Qwen3-MoE's ``moe_intermediate_size``; Mixtral's experts
+    #: use ``intermediate_size``).
+    moe_intermediate_size: int = 0
+    #: Renormalise the top-k routing weights to sum to 1 (Mixtral always does).
+    is_norm_topk_prob: bool = True
+    #: Every ``decoder_sparse_step``-th layer is MoE (Qwen3-MoE), except ``mlp_only_layers``.
+    decoder_sparse_step: int = 1
+    #: Layers that keep a dense MLP in a MoE model (Qwen3-MoE's ``mlp_only_layers``).
+    mlp_only_layers: tuple[int, ...] = ()
 
     def window_of(self, layer_index: int) -> int | None:
         """The attention window of layer ``layer_index`` in tokens (None: full attention)."""
@@ -75,6 +98,13 @@ class ModelArchConfig:
         if self.layer_types and self.layer_types[layer_index] != "sliding_attention":
             return None
         return self.sliding_window
+
+    def is_moe_layer(self, layer_index: int) -> bool:
+        """True when layer ``layer_index`` runs routed experts rather than a dense MLP (the
+        rule of transformers' Qwen3-MoE decoder layer; every layer of a Mixtral)."""
+        if self.num_experts <= 0 or layer_index in self.mlp_only_layers:
+            return False
+        return (layer_index + 1) % self.decoder_sparse_step == 0
 
     @property
     def q_size(self) -> int:

@@ -1,8 +1,9 @@
 """The decoder's element-wise steps, as torch ops (the reference) or as fused CPU kernels.
 
 A layer asks its ``DecoderOps`` for RMSNorm (alone, or after adding a layer's output to the
-residual stream), SiLU-and-multiply and "rotate q/k and write the step's K/V to the cache"; the
-model asks them to turn 16-bit logits into refined float32 ones. ``TorchDecoderOps`` runs them
+residual stream), SiLU-and-multiply (GELU-tanh-and-multiply for Gemma) and "rotate q/k and
+write the step's K/V to the cache"; the model asks them to turn 16-bit logits into refined
+float32 ones. ``TorchDecoderOps`` runs them
 as plain torch ops on any device: it is the reference the fused kernels are tested against.
 ``FusedCpuDecoderOps`` runs each as one pass of the C++ extension in ``cpu_kernels`` (float32
 inside, one rounding), which on a CPU saves several small ops and temporaries per layer.
@@ -48,6 +49,12 @@ class TorchDecoderOps:
         """SiLU(gate) * up of the fused gate/up output [T, 2I] -> [T, I]."""
         inter = gate_up.shape[-1] // 2
         return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GELU(gate, tanh approximation) * up of the fused gate/up output [T, 2I] -> [T, I]
+        (Gemma's GeGLU)."""
+        inter = gate_up.shape[-1] // 2
+        return F.gelu(gate_up[:, :inter], approximate="tanh").mul_(gate_up[:, inter:])
 
     def refine_logits(
         self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int
@@ -108,6 +115,10 @@ class FusedCpuDecoderOps(TorchDecoderOps):
     def silu_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
         """See ``TorchDecoderOps.silu_and_mul``."""
         return self.module.silu_and_mul(gate_up)
+
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """See ``TorchDecoderOps.gelu_tanh_and_mul``."""
+        return self.module.gelu_tanh_and_mul(gate_up)
 
     def refine_logits(
         self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int
