@@ -1,7 +1,8 @@
 """Qwen3 and Phi-3 through the engine, token for token against transformers (float32).
 
 Tiny random checkpoints built with transformers' own classes: Qwen3 with tied embeddings and
-with untied ones saved as shards (model.safetensors.index.json); Phi-3 plain, and Phi-3 with
+with untied ones saved as shards (model.safetensors.index.json), Qwen3 with a sliding window
+on its second layer (use_sliding_window, 8 tokens); Phi-3 plain, and Phi-3 with
 LongRoPE and Phi-4-mini's partial rotary factor (0.75), whose prompts stay below
 ``original_max_position_embeddings`` and whose answers run past it, so both the short and the
 long factors are used. At every CPU ISA level this machine runs (forced; "generic" is the
@@ -58,8 +59,12 @@ class Family:
     expected: list[list[int]]
 
 
-def qwen3(tied: bool) -> Qwen3ForCausalLM:
-    config = Qwen3Config(**TINY_SHAPES, head_dim=32, tie_word_embeddings=tied)
+def qwen3(tied: bool, window: int | None = None) -> Qwen3ForCausalLM:
+    # window: the second layer attends to the last ``window`` tokens (max_window_layers 1).
+    sliding = {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 1}
+    config = Qwen3Config(
+        **TINY_SHAPES, head_dim=32, tie_word_embeddings=tied, **(sliding if window else {})
+    )
     return Qwen3ForCausalLM(config)
 
 
@@ -83,6 +88,7 @@ def phi3(longrope: bool) -> Phi3ForCausalLM:
 BUILDERS = {
     "qwen3_tied": (lambda: qwen3(tied=True), QWEN3_TEMPLATE, None),
     "qwen3_untied_sharded": (lambda: qwen3(tied=False), QWEN3_TEMPLATE, "4MB"),
+    "qwen3_sliding": (lambda: qwen3(tied=False, window=8), QWEN3_TEMPLATE, None),
     "phi3": (lambda: phi3(longrope=False), PHI3_TEMPLATE, None),
     "phi3_longrope_partial": (lambda: phi3(longrope=True), PHI3_TEMPLATE, None),
 }
@@ -133,6 +139,8 @@ def test_the_checkpoint_is_what_the_test_says(family: Family, runner: ModelRunne
     assert model.config.family == name.split("_")[0]
     assert (model.lm_head is model.embed_tokens) == ("_tied" in name)
     assert (family.path / "model.safetensors.index.json").is_file() == ("sharded" in name)
+    if "sliding" in name:
+        assert [model.config.window_of(i) for i in range(2)] == [None, 8]
     if "partial" in name:
         assert model.config.rotary_dim == 12 and model.rotary.cos.shape[1] == 12
 

@@ -167,3 +167,19 @@ def test_unknown_rope_type_names_the_key() -> None:
     d["rope_parameters"] = {"rope_type": "mrope", "rope_theta": 10000.0}
     with pytest.raises(UnsupportedModelError, match="'mrope'"):
         read_hf_config(d)
+
+
+def test_qwen3_sliding_window_layers_are_transformers() -> None:
+    hf = Qwen3Config(
+        **{**SHAPES, "num_hidden_layers": 4},
+        use_sliding_window=True,
+        sliding_window=64,
+        max_window_layers=2,
+    )
+    d = {**hf.to_dict(), "architectures": ["Qwen3ForCausalLM"]}
+    d.pop("layer_types")  # derived from max_window_layers, as transformers does
+    config = read_hf_config(d)
+    assert config.layer_types == tuple(hf.layer_types)
+    assert [config.window_of(i) for i in range(4)] == [None, None, 64, 64]
+    d["use_sliding_window"] = False  # what released Qwen3 configs say
+    assert read_hf_config(d).sliding_window is None

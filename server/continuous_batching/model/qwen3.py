@@ -9,6 +9,7 @@ from .architecture import ModelArchConfig
 from .decoder_layer import LlamaDecoderLayer, param
 from .decoder_ops import TorchDecoderOps
 from .paged_attention import LayerCache, PagedAttention
+from .qk_norm import apply_qk_norm
 from .rotary import RopeRows
 
 
@@ -37,17 +38,17 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
         attention: PagedAttention,
         ops: TorchDecoderOps,
     ) -> torch.Tensor:
-        """See ``LlamaDecoderLayer.attend``; q and k are normalised per head first."""
-        qkv = self.norm_qk_heads(self.qkv(h), ops)
+        """See ``LlamaDecoderLayer.attend``; q and k are normalised per head first (the ops'
+        row-wise RMSNorm over [T * heads, head_dim]: the fused kernel on a CPU)."""
+        qkv = apply_qk_norm(
+            self.qkv(h),
+            self.q_norm,
+            self.k_norm,
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            self.eps,
+            ops,
+        )
         q = ops.rope_write_kv(qkv, rope, kv_cache, attention)
-        return attention(q, kv_cache[0], kv_cache[1])
-
-    def norm_qk_heads(self, qkv: torch.Tensor, ops: TorchDecoderOps) -> torch.Tensor:
-        """The fused qkv [T, (H + 2 KVH) * D] with q and k RMS-normalised per head (v as it
-        is). Each head is a row of a [T * heads, D] matrix, so the ops' row-wise RMSNorm (the
-        fused kernel on a CPU) does it in one call per weight."""
-        t, d = qkv.shape[0], self.head_dim
-        q_end, k_end = self.num_heads * d, (self.num_heads + self.num_kv_heads) * d
-        q = ops.rms_norm(qkv[:, :q_end].reshape(-1, d), self.q_norm, self.eps)
-        k = ops.rms_norm(qkv[:, q_end:k_end].reshape(-1, d), self.k_norm, self.eps)
-        return torch.cat((q.view(t, -1), k.view(t, -1), qkv[:, k_end:]), dim=1)
+        return attention(q, kv_cache[0], kv_cache[1], window=self.attention_window)
