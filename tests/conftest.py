@@ -12,9 +12,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Off a GPU the Triton kernels run in Triton's CPU interpreter. Triton reads this when it is
+# first imported, and transformers' model modules import it (through torch._dynamo) while
+# pytest collects, before any Triton test module could set it: so it is set for the session.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from harness.servers import ServerThread, gateway_served, served  # noqa: E402
 from server.common.app import create_server_app  # noqa: E402
