@@ -26,9 +26,12 @@ from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from .architecture import ModelArchConfig, UnsupportedModelError
+from .weights_gguf_moe import MOE_LAYER_NAMES, with_gguf_experts
 
 #: GGUF architectures whose tensors map onto our llama module (mistral GGUFs say "llama").
-GGUF_ARCHITECTURES: tuple[str, ...] = ("llama",)
+GGUF_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen3moe")
+#: model types whose GGUF q/k rows llama.cpp's converter permutes (its LlamaModel's).
+ROPE_PERMUTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mixtral")
 
 _GLOBAL_NAMES: dict[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -45,6 +48,7 @@ _LAYER_NAMES: dict[str, str] = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    **MOE_LAYER_NAMES,
 }
 
 
@@ -89,7 +93,7 @@ def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
         rope_scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
     elif rope_type != "none":
         raise UnsupportedModelError(f"unsupported GGUF rope scaling {rope_type!r}")
-    return ModelArchConfig(
+    config = ModelArchConfig(
         # GGML shapes are [in, out]: the embedding is [hidden, vocab].
         vocab_size=int(tensors["token_embd.weight"].shape[1]),
         hidden_size=hidden,
@@ -106,6 +110,9 @@ def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
         attention_bias="blk.0.attn_q.bias" in tensors,
         mlp_bias="blk.0.ffn_up.bias" in tensors,
         o_proj_bias="blk.0.attn_output.bias" in tensors,
+    )
+    return with_gguf_experts(
+        config, arch, lambda key, d: _field(reader, f"{arch}.{key}", d), tensors
     )
 
 
@@ -130,14 +137,15 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 def iter_gguf(reader: GGUFReader, config: ModelArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (hf_name, float32 tensor) for every tensor, dequantised one at a time.
     Unknown tensor names are passed through unchanged so ``assign_weights`` reports them."""
+    is_permuted = config.model_type in ROPE_PERMUTED_MODEL_TYPES
     for tensor in reader.tensors:
         values = dequantize(tensor.data, tensor.tensor_type)
         # Quantised tensors come back as fresh arrays; F32 ones as read-only memory maps.
         array = np.asarray(values, dtype=np.float32)
         weight = torch.from_numpy(array if array.flags.writeable else array.copy())
         name = hf_name(tensor.name) or tensor.name
-        if ".attn_q." in tensor.name:
+        if is_permuted and ".attn_q." in tensor.name:
             weight = unpermute_rope_rows(weight, config.num_attention_heads)
-        elif ".attn_k." in tensor.name:
+        elif is_permuted and ".attn_k." in tensor.name:
             weight = unpermute_rope_rows(weight, config.num_key_value_heads)
         yield name, weight
