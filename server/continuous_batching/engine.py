@@ -22,6 +22,7 @@ from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest, TextDelta
 from server.continuous_batching.decoding.decoder import Decoder, RequestOutput, StepTokens
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
+from server.continuous_batching.model.architecture import ModelArchConfig
 from server.continuous_batching.runner.model_runner import ModelRunner
 from server.continuous_batching.sampling.sampler import LogitsSampler
 from server.continuous_batching.scheduling.block_manager import BlockManager
@@ -86,6 +87,16 @@ def load_eos_token_ids(model_path: str | Path, tokenizer: Any) -> list[int]:
     return ids
 
 
+def freeing_window(arch: ModelArchConfig) -> int | None:
+    """The window before which KV blocks may be freed: the widest layer window when every
+    layer slides; None when any layer attends in full (Gemma 3 mixes both: its sliding
+    layers' memory is then not bounded either, as the cache is shared by all layers)."""
+    windows = [arch.window_of(i) for i in range(arch.num_hidden_layers)]
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(w for w in windows if w is not None)
+
+
 class LLMEngine:
     """Runs many requests together, step by step, over a paged KV cache."""
 
@@ -106,6 +117,7 @@ class LLMEngine:
             block_size=cache.block_size,
             watermark=cache.watermark,
             enable_prefix_caching=cache.enable_prefix_caching,
+            sliding_window=freeing_window(self.runner.arch),
         )
         batcher = config.batcher_config
         self.scheduler = Scheduler(

@@ -19,7 +19,8 @@ TorchDtypeName = Literal["float32", "bfloat16", "float16"]
 #: Architecture families the engine runs -> the checkpoint ``model_type`` values of each (the
 #: checkpoints our llama code runs unchanged; see ``model.architecture``).
 MODEL_TYPE_FAMILIES: dict[str, tuple[str, ...]] = {
-    "llama": ("llama", "mistral", "qwen2", "mixtral", "qwen3_moe"),
+    "llama": ("llama", "mistral", "qwen2", "qwen3", "phi3", "mixtral", "qwen3_moe"),
+    "gemma": ("gemma2", "gemma3_text"),
 }
 
 
@@ -46,10 +47,11 @@ def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | No
 class ModelLoadingConfig(ConfigSection):
     """Where the weights are and how to run them."""
 
-    model_type: Literal["llama"] = Field(
+    model_type: Literal["llama", "gemma"] = Field(
         default="llama",
-        description="architecture family; only llama: checkpoints whose config.json model_type "
-        "is llama, mistral or qwen2 (checked at load)",
+        description="architecture family: llama (config.json model_type llama, mistral, "
+        "qwen2, qwen3, phi3, mixtral or qwen3_moe) or gemma (gemma2, gemma3_text); checked "
+        "at load",
     )
     model_name_or_path: str
     tokenizer_name_or_path: str | None = None
@@ -111,7 +113,7 @@ class ModelLoadingConfig(ConfigSection):
             )
             raise ValueError(
                 f"model type {value!r} is not supported: the continuous-batching engine runs "
-                f"the llama family only; supported: {families}"
+                f"these families only: {families}"
             )
         return value
 

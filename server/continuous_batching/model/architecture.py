@@ -15,7 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 #: RoPE variants the rotary module implements ("default" is stored as ``rope_scaling=None``).
-SUPPORTED_ROPE_TYPES: tuple[str, ...] = ("default", "linear", "llama3")
+SUPPORTED_ROPE_TYPES: tuple[str, ...] = (
+    "default",
+    "linear",
+    "llama3",
+    "yarn",
+    "longrope",
+    "dynamic",
+)
+
+#: Older names of RoPE types (Phi-3's first configs say "su" for longrope).
+_ROPE_TYPE_ALIASES: dict[str, str] = {"su": "longrope"}
 
 
 class UnsupportedModelError(ValueError):
@@ -55,6 +65,18 @@ class ModelArchConfig:
     #: Per layer "full_attention" or "sliding_attention" (transformers' ``layer_types``);
     #: empty: every layer alike.
     layer_types: tuple[str, ...] = ()
+    #: Attention score scale; None: head_dim ** -0.5 (Gemma: query_pre_attn_scalar ** -0.5).
+    attention_scale: float | None = None
+    #: Attention logits become ``cap * tanh(logits / cap)`` before the mask (Gemma 2); None: off.
+    attn_logit_softcap: float | None = None
+    #: Output logits become ``cap * tanh(logits / cap)`` (Gemma 2); None: off.
+    final_logit_softcap: float | None = None
+    #: RoPE base and scaling of the "sliding_attention" layers when they differ from the
+    #: others' (``rope_theta``/``rope_scaling``): Gemma 3's local rope. None: one rope for all.
+    sliding_rope_theta: float | None = None
+    sliding_rope_scaling: dict[str, Any] | None = None
+    #: Share of each head's dimensions that RoPE rotates (the first ones; Phi-4-mini: 0.75).
+    partial_rotary_factor: float = 1.0
     #: Mixture of experts (``moe``): routed experts per MoE layer (0: a dense model).
     num_experts: int = 0
     #: Experts each token is routed to (top-k).
@@ -90,6 +112,11 @@ class ModelArchConfig:
         return self.num_attention_heads * self.head_dim
 
     @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that RoPE rotates (``head_dim`` unless partial)."""
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
     def kv_size(self) -> int:
         """Width of the key (or value) projection (all kv heads)."""
         return self.num_key_value_heads * self.head_dim
@@ -107,6 +134,7 @@ def read_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     if scaling is None:
         return theta, None
     rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+    rope_type = _ROPE_TYPE_ALIASES.get(rope_type, rope_type)
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise UnsupportedModelError(
             f"unsupported rope type {rope_type!r}: supported {list(SUPPORTED_ROPE_TYPES)}"
@@ -116,4 +144,9 @@ def read_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     scaling.pop("type", None)
     scaling.pop("rope_theta", None)
     scaling["rope_type"] = rope_type
+    if "original_max_position_embeddings" in d:
+        # Phi-3 keeps it beside rope_scaling; longrope and yarn read it from there.
+        scaling.setdefault(
+            "original_max_position_embeddings", d["original_max_position_embeddings"]
+        )
     return theta, scaling

@@ -248,7 +248,9 @@ def _block_table_array(
     table = np.zeros((len(q), int(n_blocks.max())), dtype=np.int64)
     for i, blocks in enumerate(block_tables):
         table[i, : len(blocks)] = blocks
-    return table
+    # Blocks freed out of a sliding window (block_manager.NULL_BLOCK, -1) read as block 0:
+    # only the torch path reads them, under its window mask.
+    return np.maximum(table, 0, out=table)
 
 
 def _plan_group(

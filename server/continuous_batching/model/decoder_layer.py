@@ -59,6 +59,9 @@ class LlamaDecoderLayer(nn.Module):
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
         self.inter = inter
+        #: This layer's sliding attention window in tokens (None: full attention); the model
+        #: sets it from ``config.window_of(layer_index)``.
+        self.attention_window: int | None = None
         #: Matmuls installed by ``replace_linears`` (quantised); ``finalize`` keeps them.
         self.replaced: set[str] = set()
         self.finalize("none")
@@ -147,7 +150,7 @@ class LlamaDecoderLayer(nn.Module):
         q = ops.rope_write_kv(self.qkv(h), rope, kv_cache, attention)
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
-        return attention(q, kv_cache[0], kv_cache[1])
+        return attention(q, kv_cache[0], kv_cache[1], window=self.attention_window)
 
     def feed_forward(
         self, x: torch.Tensor, h: torch.Tensor, ops: TorchDecoderOps

@@ -1,8 +1,9 @@
 """The decoder's element-wise steps, as torch ops (the reference) or as fused CPU kernels.
 
 A layer asks its ``DecoderOps`` for RMSNorm (alone, or after adding a layer's output to the
-residual stream), SiLU-and-multiply and "rotate q/k and write the step's K/V to the cache"; the
-model asks them to turn 16-bit logits into refined float32 ones. ``TorchDecoderOps`` runs them
+residual stream), SiLU-and-multiply (GELU-tanh-and-multiply for Gemma) and "rotate q/k and
+write the step's K/V to the cache"; the model asks them to turn 16-bit logits into refined
+float32 ones. ``TorchDecoderOps`` runs them
 as plain torch ops on any device: it is the reference the fused kernels are tested against.
 ``FusedCpuDecoderOps`` runs each as one pass of the C++ extension in ``cpu_kernels`` (float32
 inside, one rounding), which on a CPU saves several small ops and temporaries per layer.
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from . import cpu_isa, cpu_kernels
 from .cpu_isa import CpuPath
 from .paged_attention import AttentionBackend, LayerCache, PagedAttention
-from .rotary import RopeRows, apply_rope
+from .rotary import RopeRows, apply_partial_rope
 
 
 class TorchDecoderOps:
@@ -49,6 +50,12 @@ class TorchDecoderOps:
         inter = gate_up.shape[-1] // 2
         return F.silu(gate_up[:, :inter]).mul_(gate_up[:, inter:])
 
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """GELU(gate, tanh approximation) * up of the fused gate/up output [T, 2I] -> [T, I]
+        (Gemma's GeGLU)."""
+        inter = gate_up.shape[-1] // 2
+        return F.gelu(gate_up[:, :inter], approximate="tanh").mul_(gate_up[:, inter:])
+
     def refine_logits(
         self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int
     ) -> torch.Tensor:
@@ -76,7 +83,7 @@ class TorchDecoderOps:
         )
         qk_heads = num_heads + kv_heads
         # q and k are rotated together: one set of RoPE kernels for both.
-        qk = apply_rope(
+        qk = apply_partial_rope(
             qkv[:, : qk_heads * head_dim].view(t, qk_heads, head_dim),
             cos.unsqueeze(1),
             sin_signed.unsqueeze(1),
@@ -109,6 +116,10 @@ class FusedCpuDecoderOps(TorchDecoderOps):
         """See ``TorchDecoderOps.silu_and_mul``."""
         return self.module.silu_and_mul(gate_up)
 
+    def gelu_tanh_and_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """See ``TorchDecoderOps.gelu_tanh_and_mul``."""
+        return self.module.gelu_tanh_and_mul(gate_up)
+
     def refine_logits(
         self, logits: torch.Tensor, hidden: torch.Tensor, weight: torch.Tensor, k: int
     ) -> torch.Tensor:
@@ -118,7 +129,10 @@ class FusedCpuDecoderOps(TorchDecoderOps):
     def rope_write_kv(
         self, qkv: torch.Tensor, rope: RopeRows, kv_cache: LayerCache, attention: PagedAttention
     ) -> torch.Tensor:
-        """See ``TorchDecoderOps.rope_write_kv``."""
+        """See ``TorchDecoderOps.rope_write_kv``. The kernel rotates whole heads; a partial
+        rotary model (rope rows narrower than a head) takes the torch reference here."""
+        if rope[0].shape[-1] != attention.head_dim:
+            return super().rope_write_kv(qkv, rope, kv_cache, attention)
         slots = attention.meta.slot_mapping
         return self.module.rope_write_kv(qkv, *rope, *kv_cache, slots, attention.num_heads)
 

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 from .architecture import ModelArchConfig
 from .decoder_layer import LlamaDecoderLayer
+from .gemma_layer import GEMMA_FAMILIES, GemmaDecoderLayer
 from .moe_layers import MoeDecoderLayer, Qwen3MoeDecoderLayer, Qwen3MoeDenseDecoderLayer
+from .phi3 import Phi3DecoderLayer
+from .qwen3 import Qwen3DecoderLayer
 
 #: family -> block class. Families absent here run the llama block unchanged.
 LAYER_CLASSES: dict[str, type[LlamaDecoderLayer]] = {
     "llama": LlamaDecoderLayer,
+    **dict.fromkeys(GEMMA_FAMILIES, GemmaDecoderLayer),
+    "qwen3": Qwen3DecoderLayer,
+    "phi3": Phi3DecoderLayer,
     "mixtral": MoeDecoderLayer,
     "qwen3_moe": Qwen3MoeDecoderLayer,
 }

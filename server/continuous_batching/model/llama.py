@@ -30,7 +30,7 @@ from .decoder_ops import TorchDecoderOps, decoder_ops_for
 from .layer_classes import layer_class_for
 from .linear import Linear, choose_packing
 from .paged_attention import AttentionBackend, LayerCache, PagedAttention
-from .rotary import RotaryTables
+from .rotary import RopeRows, RotaryTables
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +81,8 @@ class LlamaForCausalLM(nn.Module):
             layer_class_for(config, i)(config, dtype, self.device)
             for i in range(config.num_hidden_layers)
         )
+        for i, layer in enumerate(self.layers):
+            layer.attention_window = config.window_of(i)
         self.norm = param((config.hidden_size,), dtype, self.device)
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
@@ -171,7 +173,7 @@ class LlamaForCausalLM(nn.Module):
 
         ``block_size`` (the cache's) is needed only when ``attn`` carries DecodeTables."""
         c = self.config
-        rope = self.rotary.lookup(positions)
+        ropes = self.layer_ropes(positions)
         attention = PagedAttention(
             attn,
             c.num_attention_heads,
@@ -184,9 +186,9 @@ class LlamaForCausalLM(nn.Module):
         )
         # 16-bit models keep the residual stream in float32: each layer adds its output to
         # it without rounding, which keeps bfloat16 logits about twice as close to float32.
-        x = F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
+        x = self.embed(input_ids)
         delta = None
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, kv_cache, rope in zip(self.layers, kv_caches, ropes, strict=True):
             x, delta = layer(x, delta, rope, kv_cache, attention, self.decoder_ops)
         if delta is not None:
             x = x.add_(delta)
@@ -194,6 +196,16 @@ class LlamaForCausalLM(nn.Module):
             return self.decoder_ops.rms_norm(x, self.norm, c.rms_norm_eps)
         # Kept in float32: compute_logits refines the best candidates from it.
         return F.rms_norm(x, (c.hidden_size,), self.norm.float(), c.rms_norm_eps)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The residual stream's start [T, hidden]: the tokens' embeddings (a family may
+        scale them: Gemma)."""
+        return F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
+
+    def layer_ropes(self, positions: torch.Tensor) -> list[RopeRows]:
+        """Each layer's RoPE rows at ``positions`` (one lookup shared by all layers here; a
+        family with several rope bases picks per layer: Gemma 3)."""
+        return [self.rotary.lookup(positions)] * len(self.layers)
 
     @torch.inference_mode()
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -30,11 +30,17 @@ are rows too, each attending its own position + 1 keys (on this 2-core machine 2
 than the masked SDPA for ten 100-token prompts, 1.7x for one 1,000-token prompt). Steps the
 kernels do not take keep the torch path above, which stays the reference both kernels are
 tested against.
+
+Per-layer options go to each call, the step's plans staying shared: a sliding ``window``
+(Mistral, Qwen2's upper layers, Gemma), logit soft-capping and the score ``scale``. The torch
+path narrows the causal masks to a window once per forward and window (``_window_plans``);
+the kernels start each row at its window's first position, so they never read the blocks the
+block manager freed before it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from types import ModuleType
 from typing import Literal
@@ -61,6 +67,18 @@ def _block_diagonal_mask(
     kv_of_head = torch.arange(kv_heads * rep, device=device) // rep
     own = kv_of_head[:, None] == torch.arange(kv_heads, device=device)[None, :]
     return own.to(dtype).unsqueeze(-1)
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """One layer's attention options (see ``PagedAttention.__call__``)."""
+
+    #: Sliding window in tokens (None: full causal attention).
+    window: int | None
+    #: Logit soft-capping: scores -> softcap * tanh(scores / softcap) (None: off).
+    softcap: float | None
+    #: Score scale (head_dim ** -0.5 unless the model says otherwise).
+    scale: float
 
 
 @dataclass
@@ -109,6 +127,9 @@ class PagedAttention:
         self.head_dim = head_dim
         self.rep = num_heads // num_kv_heads
         self.scale = head_dim**-0.5
+        self.dtype = dtype
+        #: Group plans narrowed to a sliding window, per window (``_window_plans``).
+        self._windowed: dict[int, list[_GroupPlan]] = {}
         self.plans = [self._plan(group, dtype) for group in meta.groups]
         self.bd_mask: torch.Tensor | None = None
         if any(p.block_rows is not None for p in self.plans):
@@ -119,19 +140,13 @@ class PagedAttention:
         g, q_len = group.token_index.shape
         k_len = group.kv_slots.shape[1]
         kvh = self.num_kv_heads
-        block_rows = head_rows = bias = None
-        if q_len == 1:
-            bias = torch.zeros((g, 1, k_len), dtype=dtype, device=group.mask.device)
-            bias.masked_fill_(group.mask.view(g, 1, k_len).logical_not(), float("-inf"))
+        block_rows = head_rows = None
         if q_len == 1 and group.block_table is not None and kvh <= BLOCK_DIAGONAL_MAX_KV_HEADS:
             block_rows = group.block_table.reshape(-1)
         else:
             heads = torch.arange(kvh, device=group.kv_slots.device)
             head_rows = (group.kv_slots.unsqueeze(1) * kvh + heads[:, None]).reshape(-1)
-            if bias is not None:
-                bias = bias.unsqueeze(1).expand(g, kvh, self.rep, k_len)
-                bias = bias.reshape(g * kvh, self.rep, k_len)
-        return _GroupPlan(
+        plan = _GroupPlan(
             num_seqs=g,
             q_len=q_len,
             k_len=k_len,
@@ -139,9 +154,33 @@ class PagedAttention:
             token_index=group.token_index.reshape(-1),
             block_rows=block_rows,
             head_rows=head_rows,
-            bias=bias,
+            bias=None,
             mask=group.mask,
         )
+        plan.bias = self._decode_bias(plan, dtype)
+        return plan
+
+    def _decode_bias(self, p: _GroupPlan, dtype: torch.dtype) -> torch.Tensor | None:
+        """The additive mask of a decode group's layout (None for prefill groups)."""
+        if p.q_len != 1:
+            return None
+        g, k_len = p.num_seqs, p.k_len
+        bias = torch.zeros((g, 1, k_len), dtype=dtype, device=p.mask.device)
+        bias.masked_fill_(p.mask.view(g, 1, k_len).logical_not(), float("-inf"))
+        if p.block_rows is not None:
+            return bias
+        kvh = self.num_kv_heads
+        bias = bias.unsqueeze(1).expand(g, kvh, self.rep, k_len)
+        return bias.reshape(g * kvh, self.rep, k_len)
+
+    def _narrow_to_window(self, p: _GroupPlan, window: int) -> _GroupPlan:
+        """``p`` with its mask (and decode bias) limited to the last ``window`` positions."""
+        num_allowed = p.mask.sum(dim=-1, keepdim=True)  # position + 1 of each query row
+        key_pos = torch.arange(p.k_len, device=p.mask.device)
+        mask = p.mask & (key_pos > num_allowed - 1 - window)
+        narrowed = replace(p, mask=mask)
+        narrowed.bias = self._decode_bias(narrowed, self.dtype)
+        return narrowed
 
     def write_kv(
         self, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
@@ -154,12 +193,38 @@ class PagedAttention:
         v_cache.index_copy_(0, self.meta.slot_mapping, v)
 
     def __call__(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        window: int | None = None,
+        softcap: float | None = None,
+        scale: float | None = None,
     ) -> torch.Tensor:
         """q: [T, heads, head_dim] (rotated, may be strided); caches already hold this step's
-        K/V. Returns [T, heads * head_dim] in flat token order."""
-        if self.is_kernel_step and self.backend == "cpu":
-            decode = self.meta.decode
+        K/V. Returns [T, heads * head_dim] in flat token order.
+
+        Per-layer options (the step's metadata stays shared): ``window``, a sliding window
+        in tokens: a query at position p attends keys at positions > p - window (itself and
+        the window - 1 before it, transformers' and vLLM's rule); ``softcap``: scores become
+        ``softcap * tanh(scores / softcap)`` before the mask (Gemma 2's
+        attn_logit_softcapping); ``scale``: the score scale (default head_dim ** -0.5)."""
+        options = AttentionOptions(window, softcap, self.scale if scale is None else scale)
+        if self.is_kernel_step:
+            return self._kernel(q, k_cache, v_cache, options)
+        plans = self.plans if window is None else self._window_plans(window)
+        outs = [self._group(p, q, k_cache, v_cache, options) for p in plans]
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if self.meta.output_index is not None:
+            out = out.index_select(0, self.meta.output_index)
+        return out
+
+    def _kernel(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, o: AttentionOptions
+    ) -> torch.Tensor:
+        """The step on the cpu or triton kernel (they read the block tables themselves)."""
+        decode = self.meta.decode
+        if self.backend == "cpu":
             out = self.kernels.paged_decode_attention(
                 q,
                 k_cache,
@@ -167,11 +232,11 @@ class PagedAttention:
                 decode.block_tables,
                 decode.context_lens,
                 self.block_size,
-                self.scale,
+                o.scale,
+                o.window or 0,
+                o.softcap or 0.0,
             )
-            return out.view(q.shape[0], self.num_heads * self.head_dim)
-        if self.is_kernel_step:
-            decode = self.meta.decode
+        else:
             out = triton_paged_attention.paged_decode_attention(
                 q,
                 k_cache,
@@ -180,45 +245,61 @@ class PagedAttention:
                 decode.context_lens,
                 block_size=self.block_size,
                 max_context_len=decode.max_context_len,
-                scale=self.scale,
+                scale=o.scale,
+                window=o.window,
+                softcap=o.softcap,
             )
-            return out.view(q.shape[0], self.num_heads * self.head_dim)
-        outs = [self._group(p, q, k_cache, v_cache) for p in self.plans]
-        out = outs[0] if len(outs) == 1 else torch.cat(outs)
-        if self.meta.output_index is not None:
-            out = out.index_select(0, self.meta.output_index)
-        return out
+        return out.view(q.shape[0], self.num_heads * self.head_dim)
+
+    def _window_plans(self, window: int) -> list[_GroupPlan]:
+        """The group plans with masks narrowed to ``window``, derived once per forward and
+        window from the causal masks (a query's position is its row's count of allowed keys
+        minus one, since causal rows allow keys 0..position)."""
+        if window < 1:
+            raise ValueError(f"window must be >= 1, got {window}")
+        if window not in self._windowed:
+            self._windowed[window] = [self._narrow_to_window(p, window) for p in self.plans]
+        return self._windowed[window]
 
     def _group(
-        self, p: _GroupPlan, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        p: _GroupPlan,
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        o: AttentionOptions,
     ) -> torch.Tensor:
         if p.token_range is not None:
             qg = q[p.token_range[0] : p.token_range[1]]
         else:
             qg = q.index_select(0, p.token_index)
         if p.block_rows is not None:
-            return self._decode_block_diagonal(p, qg, k_cache, v_cache)
+            return self._decode_block_diagonal(p, qg, k_cache, v_cache, o)
         g, kvh, d = p.num_seqs, self.num_kv_heads, self.head_dim
         k = k_cache.view(-1, d).index_select(0, p.head_rows)
         v = v_cache.view(-1, d).index_select(0, p.head_rows)
         if p.bias is not None:  # decode, per-head layout
             qg = qg.reshape(g * kvh, self.rep, d)
             k = k.view(g * kvh, p.k_len, d)
-            scores = torch.baddbmm(p.bias, qg, k.transpose(1, 2), alpha=self.scale)
-            probs = torch.softmax(scores, dim=-1)
+            probs = torch.softmax(_scores(p.bias, qg, k.transpose(1, 2), o), dim=-1)
             return torch.bmm(probs, v.view(g * kvh, p.k_len, d)).view(g, self.num_heads * d)
         qg = qg.view(g, p.q_len, self.num_heads, d).transpose(1, 2)
-        out = F.scaled_dot_product_attention(
-            qg,
-            k.view(g, kvh, p.k_len, d),
-            v.view(g, kvh, p.k_len, d),
-            attn_mask=p.mask,
-            enable_gqa=self.rep > 1,
-        )
+        k, v = k.view(g, kvh, p.k_len, d), v.view(g, kvh, p.k_len, d)
+        if o.softcap is not None:
+            out = _softcapped_prefill(qg, k, v, p.mask, o)
+        else:
+            out = F.scaled_dot_product_attention(
+                qg, k, v, attn_mask=p.mask, enable_gqa=self.rep > 1, scale=o.scale
+            )
         return out.transpose(1, 2).reshape(g * p.q_len, self.num_heads * d)
 
     def _decode_block_diagonal(
-        self, p: _GroupPlan, qg: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor
+        self,
+        p: _GroupPlan,
+        qg: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        o: AttentionOptions,
     ) -> torch.Tensor:
         """Single-token queries against whole gathered blocks (see the module docstring)."""
         g, kvh, d = p.num_seqs, self.num_kv_heads, self.head_dim
@@ -228,8 +309,32 @@ class PagedAttention:
         v = v_cache.view(-1, block_width).index_select(0, p.block_rows).view(g, p.k_len, width)
         # [G, heads, kv_heads * head_dim], zero outside each head's own kv-head slice.
         q_bd = (qg.unsqueeze(2) * self.bd_mask).view(g, self.num_heads, width)
-        scores = torch.baddbmm(p.bias, q_bd, k.transpose(1, 2), alpha=self.scale)
+        scores = _scores(p.bias, q_bd, k.transpose(1, 2), o)
         out = torch.bmm(torch.softmax(scores, dim=-1), v)  # [G, heads, kv_heads * head_dim]
         # Keep each head's own kv-head slice: the diagonal of (kv head of q, kv head of v).
         out = out.view(g, kvh, self.rep, kvh, d).diagonal(dim1=1, dim2=3)  # [G, rep, d, kvh]
         return out.permute(0, 3, 1, 2).reshape(g, self.num_heads * d)
+
+
+def _scores(
+    bias: torch.Tensor, q: torch.Tensor, k_t: torch.Tensor, o: AttentionOptions
+) -> torch.Tensor:
+    """Masked decode scores ``bias + cap(scale * q @ k_t)`` (cap: the optional soft-capping)."""
+    if o.softcap is None:
+        return torch.baddbmm(bias, q, k_t, alpha=o.scale)
+    scores = torch.bmm(q, k_t).mul_(o.scale)
+    return scores.div_(o.softcap).tanh_().mul_(o.softcap).add_(bias)
+
+
+def _softcapped_prefill(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, o: AttentionOptions
+) -> torch.Tensor:
+    """Prefill attention with soft-capped scores, written out (SDPA has no soft-capping):
+    q [G, heads, Q, D], k/v [G, kv_heads, K, D], mask [G, 1, Q, K] -> [G, heads, Q, D]."""
+    rep = q.shape[1] // k.shape[1]
+    if rep > 1:
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)).mul_(o.scale)
+    scores = scores.div_(o.softcap).tanh_().mul_(o.softcap)
+    scores = scores.masked_fill_(mask.logical_not(), float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), v)

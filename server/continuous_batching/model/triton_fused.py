@@ -128,6 +128,7 @@ class TritonDecoderOps(TorchDecoderOps):
         if (
             not self._rows_ok(qkv, cos, sin_signed)
             or head_dim % 2
+            or cos.shape[-1] != head_dim  # partial rotary: the kernel rotates whole heads
             or k_cache.stride(2) != 1
             or k_cache.stride() != v_cache.stride()
         ):

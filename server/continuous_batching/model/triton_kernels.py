@@ -23,6 +23,8 @@ def decode_partition_kernel(
     part_max_ptr,  # [num_seqs, num_heads, max_parts] fp32
     part_sum_ptr,  # [num_seqs, num_heads, max_parts] fp32
     scale,
+    window,  # sliding window in tokens; 0: none
+    softcap,  # logit soft-capping; read only with HAS_SOFTCAP
     stride_qs,
     stride_qh,
     stride_cs,
@@ -40,10 +42,10 @@ def decode_partition_kernel(
     PARTITION: tl.constexpr,
     IS_SINGLE_PARTITION: tl.constexpr,
     NATIVE_DOT: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
-    # NATIVE_DOT: K/V (and q) stay in their 16-bit dtype and both products run on tensor
-    # cores; the probabilities are rounded to that dtype for P @ V (as flash attention does).
-    # Else everything is float32 with IEEE dots (see dot_f32).
+    # NATIVE_DOT: K/V, q and P (for P @ V, as flash attention) stay 16-bit, both products on
+    # tensor cores; else everything is float32 with IEEE dots (see dot_f32).
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
@@ -68,13 +70,13 @@ def decode_partition_kernel(
         k_head = k_cache_ptr + kv_head * stride_ch
         v_head = v_cache_ptr + kv_head * stride_ch
         block_row = block_tables_ptr + seq * stride_bt
-        for tile_start in range(start, stop, TILE):
+        for tile_start in range(_window_start(start, ctx, window), stop, TILE):
             pos = tile_start + tl.arange(0, TILE)
             pos_ok = pos < stop
             k, v = _load_kv_tile(
                 k_head, v_head, block_row, pos, pos_ok, dims, dim_ok, stride_cs, block_size
             )
-            scores = dot_f32(q, tl.trans(k), k, NATIVE_DOT) * scale
+            scores = _soft_cap(dot_f32(q, tl.trans(k), k, NATIVE_DOT) * scale, softcap, HAS_SOFTCAP)
             scores = tl.where(pos_ok[None, :], scores, float("-inf"))
             m, lse, acc = _online_softmax_step(scores, v, m, lse, acc, NATIVE_DOT)
         out_mask = row_ok[:, None] & dim_ok[None, :]
@@ -90,6 +92,26 @@ def decode_partition_kernel(
             tl.store(part_max_ptr + row, m, mask=row_ok)
             tl.store(part_sum_ptr + row, lse, mask=row_ok)
             tl.store(part_out_ptr + row[:, None] * head_dim + dims[None, :], acc, mask=out_mask)
+
+
+@triton.jit
+def _window_start(start, ctx, window):
+    """The first position of a partition starting at ``start`` that a sliding window keeps
+    (positions >= ctx - window; window 0: all). Starting the tile loop there keeps a valid
+    key in every tile; a partition wholly before the window runs no tile and leaves m =
+    -inf, sum 0, which the reduce weighs as zero."""
+    if window > 0:
+        start = tl.maximum(start, ctx - window)
+    return start
+
+
+@triton.jit
+def _soft_cap(scores, softcap, HAS_SOFTCAP: tl.constexpr):
+    """softcap * tanh(scores / softcap) with HAS_SOFTCAP, else scores; tanh written with exp
+    (the interpreter has no tanh)."""
+    if HAS_SOFTCAP:
+        scores = softcap * (1.0 - 2.0 / (tl.exp(2.0 * scores / softcap) + 1.0))
+    return scores
 
 
 @triton.jit

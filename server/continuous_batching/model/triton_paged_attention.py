@@ -152,6 +152,8 @@ def paged_decode_attention(
     partition: int | None = None,
     launch: DecodeLaunch | None = None,
     native_dot: bool | None = None,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Decode attention of one query token per sequence against its cached keys.
 
@@ -164,7 +166,9 @@ def paged_decode_attention(
     ``partition`` (keys per split-K partition, a multiple of the tile; default
     ``choose_partition``), ``launch`` (default ``default_launch``) and ``native_dot`` (default:
     16-bit caches on a GPU, not interpreted) override the choices the module docstring
-    describes; tests and the microbenchmark use them.
+    describes; tests and the microbenchmark use them. ``window``: a sliding window, keys at
+    positions >= context_len - window only; ``softcap``: scores -> softcap * tanh(scores /
+    softcap) (see ``PagedAttention.__call__``).
     """
     kernels = _kernels()
     num_seqs, num_heads, head_dim = q.shape
@@ -188,6 +192,8 @@ def paged_decode_attention(
         out,
         *partials,
         head_dim**-0.5 if scale is None else scale,
+        window or 0,
+        softcap or 1.0,
         q.stride(0),
         q.stride(1),
         k_cache.stride(0),
@@ -205,6 +211,7 @@ def paged_decode_attention(
         PARTITION=plan.partition,
         IS_SINGLE_PARTITION=plan.is_single,
         NATIVE_DOT=plan.native_dot,
+        HAS_SOFTCAP=softcap is not None,
         num_warps=plan.launch.num_warps,
         num_stages=plan.launch.num_stages,
     )

@@ -39,6 +39,7 @@ from . import cpu_isa
 from .architecture import ModelArchConfig
 from .families import read_hf_config
 from .llama import LlamaForCausalLM
+from .model_classes import model_class_for
 from .moe_weights import canonical_expert_tensors
 from .weights_gguf import iter_gguf, open_gguf, read_gguf_config
 
@@ -164,14 +165,14 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         reader = open_gguf(gguf)
         arch = read_gguf_config(reader)
         config.check_checkpoint_model_type(arch.model_type)
-        model = LlamaForCausalLM(
+        model = model_class_for(arch)(
             arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels, cpu_path=cpu_path
         )
         assign_weights(model, iter_gguf(reader, arch))
     else:
         arch = read_arch_config(model_path)
         config.check_checkpoint_model_type(arch.model_type)
-        model = LlamaForCausalLM(
+        model = model_class_for(arch)(
             arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels, cpu_path=cpu_path
         )
         gptq = read_gptq_config(model_path, config.gptq_config_base_name)

@@ -25,13 +25,21 @@ import torch
 from gguf import GGUFReader
 from gguf.quants import dequantize
 
+from . import gguf_families
 from .architecture import ModelArchConfig, UnsupportedModelError
-from .weights_gguf_moe import MOE_LAYER_NAMES, with_gguf_experts
+from .weights_gguf_moe import (
+    GGUF_MOE_ARCHITECTURES,
+    MOE_LAYER_NAMES,
+    PERMUTED_MOE_MODEL_TYPES,
+    with_gguf_experts,
+)
 
 #: GGUF architectures whose tensors map onto our llama module (mistral GGUFs say "llama").
-GGUF_ARCHITECTURES: tuple[str, ...] = ("llama", "qwen3moe")
-#: model types whose GGUF q/k rows llama.cpp's converter permutes (its LlamaModel's).
-ROPE_PERMUTED_MODEL_TYPES: tuple[str, ...] = ("llama", "mixtral")
+GGUF_ARCHITECTURES: tuple[str, ...] = (
+    "llama",
+    *gguf_families.GGUF_FAMILIES,
+    *GGUF_MOE_ARCHITECTURES,
+)
 
 _GLOBAL_NAMES: dict[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -48,6 +56,7 @@ _LAYER_NAMES: dict[str, str] = {
     "ffn_gate": "mlp.gate_proj",
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
+    **gguf_families.LAYER_NAMES,
     **MOE_LAYER_NAMES,
 }
 
@@ -85,14 +94,8 @@ def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
     hidden = int(meta("embedding_length"))
     heads = int(meta("attention.head_count"))
     head_dim = int(meta("attention.key_length", hidden // heads))
-    if int(meta("rope.dimension_count", head_dim)) != head_dim:
-        raise UnsupportedModelError("partial rotary embeddings are not supported")
-    rope_type = str(_field(reader, f"{arch}.rope.scaling.type", "none"))
-    rope_scaling: dict[str, Any] | None = None
-    if rope_type == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
-    elif rope_type != "none":
-        raise UnsupportedModelError(f"unsupported GGUF rope scaling {rope_type!r}")
+    context_length = int(meta("context_length", 2048))
+    architecture, family = gguf_families.GGUF_FAMILIES.get(arch, ("LlamaForCausalLM", "llama"))
     config = ModelArchConfig(
         # GGML shapes are [in, out]: the embedding is [hidden, vocab].
         vocab_size=int(tensors["token_embd.weight"].shape[1]),
@@ -104,26 +107,33 @@ def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
         head_dim=head_dim,
         rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
         rope_theta=float(meta("rope.freq_base", 10000.0)),
-        rope_scaling=rope_scaling,
-        max_position_embeddings=int(meta("context_length", 2048)),
+        rope_scaling=gguf_families.rope_scaling(reader, arch, context_length),
+        max_position_embeddings=context_length,
         tie_word_embeddings="output.weight" not in tensors,
-        attention_bias="blk.0.attn_q.bias" in tensors,
+        attention_bias="blk.0.attn_q.bias" in tensors or "blk.0.attn_qkv.bias" in tensors,
         mlp_bias="blk.0.ffn_up.bias" in tensors,
         o_proj_bias="blk.0.attn_output.bias" in tensors,
+        architecture=architecture,
+        model_type=arch,
+        family=family,
+        partial_rotary_factor=int(meta("rope.dimension_count", head_dim)) / head_dim,
+        sliding_window=gguf_families.sliding_window(reader, arch, context_length),
     )
     return with_gguf_experts(
         config, arch, lambda key, d: _field(reader, f"{arch}.{key}", d), tensors
     )
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """The Hugging Face name of a llama GGUF tensor, or None if it has none."""
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
+    """The Hugging Face name of a GGUF tensor of architecture ``arch``, or None if it has
+    none."""
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
+    names = {**_LAYER_NAMES, **gguf_families.ARCH_LAYER_NAMES.get(arch, {})}
     parts = gguf_name.split(".")
-    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in _LAYER_NAMES:
+    if len(parts) != 4 or parts[0] != "blk" or parts[2] not in names:
         return None
-    return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{parts[3]}"
+    return f"model.layers.{parts[1]}.{names[parts[2]]}.{parts[3]}"
 
 
 def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -137,13 +147,17 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 def iter_gguf(reader: GGUFReader, config: ModelArchConfig) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (hf_name, float32 tensor) for every tensor, dequantised one at a time.
     Unknown tensor names are passed through unchanged so ``assign_weights`` reports them."""
-    is_permuted = config.model_type in ROPE_PERMUTED_MODEL_TYPES
+    # Mixtral's GGUF is a "llama" one (the permuted layout) read as model_type "mixtral".
+    permuted = (*gguf_families.PERMUTED_ARCHITECTURES, *PERMUTED_MOE_MODEL_TYPES)
+    is_permuted = config.model_type in permuted
     for tensor in reader.tensors:
+        if tensor.name in gguf_families.CONFIG_TENSORS:
+            continue  # LongRoPE factors: read into the config already
         values = dequantize(tensor.data, tensor.tensor_type)
         # Quantised tensors come back as fresh arrays; F32 ones as read-only memory maps.
         array = np.asarray(values, dtype=np.float32)
         weight = torch.from_numpy(array if array.flags.writeable else array.copy())
-        name = hf_name(tensor.name) or tensor.name
+        name = hf_name(tensor.name, config.model_type) or tensor.name
         if is_permuted and ".attn_q." in tensor.name:
             weight = unpermute_rope_rows(weight, config.num_attention_heads)
         elif is_permuted and ".attn_k." in tensor.name:

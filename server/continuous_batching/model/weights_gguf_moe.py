@@ -28,6 +28,12 @@ MOE_LAYER_NAMES: dict[str, str] = {
     "attn_k_norm": "self_attn.k_norm",
 }
 
+#: GGUF architectures only MoE models use (Mixtral's is "llama").
+GGUF_MOE_ARCHITECTURES: tuple[str, ...] = ("qwen3moe",)
+
+#: Model types of MoE GGUFs whose q/k rows llama.cpp's converter permutes (its LlamaModel).
+PERMUTED_MOE_MODEL_TYPES: tuple[str, ...] = ("mixtral",)
+
 #: GGUF architecture (with experts) -> (family, HF architecture, model_type).
 _FAMILIES: dict[str, tuple[str, str, str]] = {
     "llama": ("mixtral", "MixtralForCausalLM", "mixtral"),

@@ -5,6 +5,15 @@ Prefix caching keys a full block by a blake2b-256 digest of (its parent block's 
 ids), so a key names the whole prefix up to the block. A hit also compares the cached block's
 parent key and token ids with the request's: a colliding key is a miss, never another prompt's
 KV.
+
+Sliding-window models (every layer attends only its last ``sliding_window`` positions) free
+the blocks that fall wholly before the window after each step, so a long sequence holds at
+most about ``window / block_size + 1`` blocks (vLLM's sliding-window manager does the same).
+A freed entry stays in the block table as ``NULL_BLOCK``: positions keep their table index,
+and the attention kernels never read it (the window excludes those positions; the torch
+path reads block 0 there and masks it out). A freed block that was registered in the prefix
+cache keeps its content (it becomes evictable like any other cached block), so the cache
+stays consistent: a later request that claims it gets exactly the K/V its key names.
 """
 
 from __future__ import annotations
@@ -19,6 +28,8 @@ from server.continuous_batching.sequence import Sequence
 
 #: The parent key of a sequence's first block.
 ROOT_KEY = b""
+#: Block-table entry of a block freed because it fell out of the sliding window.
+NULL_BLOCK = -1
 
 
 def content_key(parent_key: bytes, token_ids: tuple[int, ...]) -> bytes:
@@ -148,7 +159,13 @@ class BlockManager:
         block_size: int,
         watermark: float = 0.01,
         enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
     ) -> None:
+        """``sliding_window``: the model's attention window in tokens when every layer has
+        it (blocks before the window are then freed after each step); None: keep all."""
+        if sliding_window is not None and sliding_window < 1:
+            raise ValueError(f"sliding_window must be >= 1, got {sliding_window}")
+        self.sliding_window = sliding_window
         self.block_size = block_size
         self.device = BlockPool(num_blocks)
         self.cpu = BlockPool(num_blocks_cpu)
@@ -170,6 +187,29 @@ class BlockManager:
             if self.device.ref_counts[seq.block_table[first_write]] > 1:
                 needed += 1  # the partly filled last block is shared: copy on write
         return needed
+
+    def max_blocks_held(self, num_step_tokens: int) -> int | None:
+        """With a sliding window, the most blocks one sequence holds while a step computes
+        ``num_step_tokens`` of its tokens: the window's positions before them plus theirs,
+        one more for a span that starts mid-block and one for a copy on write. None without
+        a window (a sequence holds all its blocks)."""
+        if self.sliding_window is None:
+            return None
+        return self.num_blocks_for(self.sliding_window - 1 + num_step_tokens) + 2
+
+    def release_out_of_window(self, seq: Sequence) -> None:
+        """Free ``seq``'s blocks that its next query (at position ``num_computed_tokens``)
+        cannot attend: those wholly before the window (their table entries become
+        ``NULL_BLOCK``). Freed entries always form a prefix of the table, so the walk back
+        from the last dead block stops at the first one freed earlier."""
+        if self.sliding_window is None or seq.is_swapped:
+            return
+        first_needed = seq.num_computed_tokens - self.sliding_window + 1
+        index = min(first_needed // self.block_size, len(seq.block_table)) - 1
+        while index >= 0 and seq.block_table[index] != NULL_BLOCK:
+            self.device.decref(seq.block_table[index])
+            seq.block_table[index] = NULL_BLOCK
+            index -= 1
 
     def can_allocate(self, num_blocks: int, is_admission: bool) -> bool:
         """True if ``num_blocks`` can be taken; admissions leave the watermark free."""
@@ -197,13 +237,15 @@ class BlockManager:
         """Let ``child`` share all of ``parent``'s blocks."""
         child.block_table = list(parent.block_table)
         for block in child.block_table:
-            self.device.incref(block)
+            if block != NULL_BLOCK:
+                self.device.incref(block)
 
     def free(self, seq: Sequence) -> None:
         """Release ``seq``'s blocks (device or CPU, wherever they are)."""
         pool = self.cpu if seq.is_swapped else self.device
         for block in seq.block_table:
-            pool.decref(block)
+            if block != NULL_BLOCK:
+                pool.decref(block)
         seq.block_table = []
         seq.num_registered_blocks = 0
 
@@ -251,12 +293,13 @@ class BlockManager:
             return
         start = seq.num_registered_blocks
         for index, content in enumerate(self._block_contents(seq, start, num_full), start):
-            self.device.register(seq.block_table[index], content)
+            if seq.block_table[index] != NULL_BLOCK:  # freed out of the window: nothing kept
+                self.device.register(seq.block_table[index], content)
         seq.num_registered_blocks = num_full
 
     # -- swapping ---------------------------------------------------------------------------
     def _distinct_blocks(self, seqs: list[Sequence]) -> list[int]:
-        return list(dict.fromkeys(b for s in seqs for b in s.block_table))
+        return list(dict.fromkeys(b for s in seqs for b in s.block_table if b != NULL_BLOCK))
 
     def can_swap_out(self, seqs: list[Sequence]) -> bool:
         """True if the CPU pool can hold all of these sequences' blocks."""
@@ -289,13 +332,15 @@ class BlockManager:
     ) -> None:
         for seq in seqs:
             for i, block in enumerate(seq.block_table):
-                source.decref(block)
-                seq.block_table[i] = mapping[block]
+                if block != NULL_BLOCK:
+                    source.decref(block)
+                    seq.block_table[i] = mapping[block]
         # Each reference moved: the target blocks start at 1 from allocate(); add the rest.
         counts: dict[int, int] = {}
         for seq in seqs:
             for block in seq.block_table:
-                counts[block] = counts.get(block, 0) + 1
+                if block != NULL_BLOCK:
+                    counts[block] = counts.get(block, 0) + 1
         for block, count in counts.items():
             for _ in range(count - 1):
                 target.incref(block)

@@ -96,9 +96,13 @@ class Scheduler:
         num_prompt = group.seqs[0].num_prompt_tokens
         assert group.config.max_new_tokens is not None
         # Prompt blocks are shared; each sequence needs its own blocks for what it generates.
+        max_new = group.config.max_new_tokens
         need = bm.num_blocks_for(num_prompt) + group.config.num_workload_beams * (
-            bm.num_blocks_for(group.config.max_new_tokens) + 1
+            bm.num_blocks_for(max_new) + 1
         )
+        held = bm.max_blocks_held(min(self.batch_max_tokens, num_prompt + max_new))
+        if held is not None:  # sliding window: blocks before it are freed as it moves
+            need = min(need, held * group.config.num_workload_beams)
         capacity = bm.device.num_blocks - bm.num_watermark_blocks
         if need > capacity:
             return (
@@ -239,3 +243,4 @@ class Scheduler:
         for item in out.scheduled:
             item.seq.num_computed_tokens += item.num_query_tokens
             self.block_manager.register_computed(item.seq)
+            self.block_manager.release_out_of_window(item.seq)

@@ -5,10 +5,12 @@ a CPU:
 
 * ``paged_decode_attention``: attention read straight from the paged K/V cache through the
   block tables, one row per query token (decode rows and prefill tokens alike; no gather copy,
-  each row reads only its own context, one pass with an online softmax);
+  each row reads only its own context, one pass with an online softmax; optionally only the
+  last ``window`` positions of it, and with soft-capped scores);
 * ``rms_norm`` and ``add_rms_norm``: RMSNorm of the float32 residual stream (after adding a
   layer's output to it), written in the model dtype;
 * ``silu_and_mul``: SiLU(gate) * up of the fused gate/up matmul;
+* ``gelu_tanh_and_mul``: GELU (tanh approximation)(gate) * up, Gemma's GeGLU;
 * ``rope_write_kv``: RoPE on q and k plus the step's K/V cache writes;
 * ``refine_logits``: the 16-bit lm_head output widened to float32, each row's best candidates
   recomputed exactly;

@@ -1,6 +1,7 @@
 // Decode attention straight from the paged K/V cache: one query token per row, keys and values
 // read through the row's block table (no gather copy), one pass per row with an online
-// softmax. One body for every vector ISA (simd.h); the scalar loops below serve head sizes
+// softmax (from the row's sliding-window start when it has a window, with optional logit
+// soft-capping). One body for every vector ISA (simd.h); the scalar loops below serve head sizes
 // and dtypes without a vector pass.
 #pragma once
 
@@ -52,8 +53,9 @@ template <class S, typename T, int HD>
 void decode_sequence(const T* q, int64_t q_head_stride, const T* k_cache, const T* v_cache,
                      int64_t k_row, int64_t v_row, int64_t k_head, int64_t v_head, int64_t g0,
                      int64_t g1, int64_t rep, const int32_t* table, int64_t block_size,
-                     int64_t len, float scale, float* acc, float* run_max, float* run_sum,
-                     float* scores, T* out, int64_t out_head_stride) {
+                     int64_t first, int64_t len, float scale, float softcap, float* acc,
+                     float* run_max, float* run_sum, float* scores, T* out,
+                     int64_t out_head_stride) {
   using F = typename S::F;
   constexpr int W = S::W, V = HD / W;
   // Value vectors per pass: a slice of the head that fits the registers with R heads' sums.
@@ -77,7 +79,8 @@ void decode_sequence(const T* q, int64_t q_head_stride, const T* k_cache, const 
   auto slot_of = [&](int64_t p) {
     return static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
   };
-  for (int64_t c0 = 0; c0 < len; c0 += kChunk) {
+  // Positions [first, len): a sliding window starts past 0 (see paged_decode_attention).
+  for (int64_t c0 = first; c0 < len; c0 += kChunk) {
     const int64_t n = std::min(kChunk, len - c0);
     const int64_t n_padded = (n + W - 1) / W * W;  // <= kChunk: the score rows' size
     for (int64_t i = 0; i < n; ++i) {
@@ -119,6 +122,9 @@ void decode_sequence(const T* q, int64_t q_head_stride, const T* k_cache, const 
         const float s = S::reduce_add(dot.partial(k_rows[p] + g * k_head));
         sh[p] = kScaleScores ? s * scale : s;
       }
+      // Soft-capping (Gemma 2): scalar tanh, a pass over n scores per head beside the dots.
+      if (softcap > 0.0f)
+        for (int64_t i = 0; i < n; ++i) sh[i] = softcap * std::tanh(sh[i] / softcap);
       // The tail up to whole vectors scores -inf: it weighs exp(-87), ~1e-38, and no value
       // row is read for it.
       for (; p < n_padded; ++p) sh[p] = -INFINITY;
@@ -137,7 +143,7 @@ void decode_sequence(const T* q, int64_t q_head_stride, const T* k_cache, const 
       const float correction = exp_nonpositive(run_max[h] - new_max);  // ~0 on the first chunk
       run_sum[h] = run_sum[h] * correction + S::reduce_add(vsum);
       run_max[h] = new_max;
-      if (c0 > 0 && correction != 1.0f) {
+      if (c0 > first && correction != 1.0f) {
         const F c = S::set1(correction);
         for (int j = 0; j < V; ++j) S::store(acc + h * HD + W * j, S::mul(c, S::load(acc + h * HD + W * j)));
       }
@@ -180,7 +186,7 @@ template <typename T>
 void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
                                  const at::Tensor& v_cache, const at::Tensor& block_tables,
                                  const at::Tensor& context_lens, int64_t block_size, double scale,
-                                 at::Tensor& out) {
+                                 int64_t window, double softcap, at::Tensor& out) {
   const int64_t num_seqs = q.size(0), num_heads = q.size(1), head_dim = q.size(2);
   const int64_t num_kv_heads = k_cache.size(1), rep = num_heads / num_kv_heads;
   const int64_t q_s0 = q.stride(0), q_s1 = q.stride(1);
@@ -194,6 +200,7 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const int32_t* lens = context_lens.data_ptr<int32_t>();
   T* op = out.data_ptr<T>();
   const float fscale = static_cast<float>(scale);
+  const float fsoftcap = static_cast<float>(softcap);
 
   // Work items: whole sequences (each block's rows read as one contiguous stretch) when there
   // are enough of them to keep every thread busy, else (sequence, kv head) pairs. Longest
@@ -214,6 +221,8 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
     const int64_t s = item / items_per_seq;
     const int64_t g0 = (item % items_per_seq) * heads_per_item, g1 = g0 + heads_per_item;
     const int64_t len = lens[s];
+    // A sliding window keeps the last `window` positions, the row's own included.
+    const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
     const int32_t* table = tables + s * bt_s0;
     const T* qs = qp + s * q_s0;
     T* os = op + s * num_heads * head_dim;
@@ -230,13 +239,14 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       switch (head_dim) {
         case 64:
           decode_sequence<Simd, T, 64>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
-                                       table, block_size, len, fscale, acc.data(), run_max,
-                                       run_sum, scores.data(), os, head_dim);
+                                       table, block_size, first, len, fscale, fsoftcap,
+                                       acc.data(), run_max, run_sum, scores.data(), os, head_dim);
           return;
         case 128:
           decode_sequence<Simd, T, 128>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
-                                        table, block_size, len, fscale, acc.data(), run_max,
-                                        run_sum, scores.data(), os, head_dim);
+                                        table, block_size, first, len, fscale, fsoftcap,
+                                        acc.data(), run_max, run_sum, scores.data(), os,
+                                        head_dim);
           return;
         default:
           break;
@@ -244,7 +254,8 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
     }
 #endif
     // Portable loops (other head sizes and dtypes): two passes per kv head, scores kept whole.
-    std::vector<float> qf(rep * head_dim), row(head_dim), sums(rep * head_dim), all(rep * len);
+    const int64_t n = len - first;
+    std::vector<float> qf(rep * head_dim), row(head_dim), sums(rep * head_dim), all(rep * n);
     for (int64_t g = g0; g < g1; ++g) {
       for (int64_t r = 0; r < rep; ++r) {
         const T* src = qs + (g * rep + r) * q_s1;
@@ -252,23 +263,25 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       }
       const T* k_head = kp + g * kc_s1;
       const T* v_head = vp + g * vc_s1;
-      for (int64_t p = 0; p < len; ++p) {
+      for (int64_t p = first; p < len; ++p) {
         const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
         load_row(k_head + slot * kc_s0, row.data(), head_dim);
-        for (int64_t r = 0; r < rep; ++r)
-          all[r * len + p] = dot(qf.data() + r * head_dim, row.data(), head_dim);
+        for (int64_t r = 0; r < rep; ++r) {
+          const float sc = dot(qf.data() + r * head_dim, row.data(), head_dim);
+          all[r * n + p - first] = fsoftcap > 0.0f ? fsoftcap * std::tanh(sc / fsoftcap) : sc;
+        }
       }
       std::vector<float> inv_sum(rep);
       for (int64_t r = 0; r < rep; ++r) {
-        float* sr = all.data() + r * len;
-        inv_sum[r] = 1.0f / exp_shifted_sum(sr, len, row_max(sr, len));
+        float* sr = all.data() + r * n;
+        inv_sum[r] = 1.0f / exp_shifted_sum(sr, n, row_max(sr, n));
       }
       std::fill(sums.begin(), sums.end(), 0.0f);
-      for (int64_t p = 0; p < len; ++p) {
+      for (int64_t p = first; p < len; ++p) {
         const int64_t slot = static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
         load_row(v_head + slot * vc_s0, row.data(), head_dim);
         for (int64_t r = 0; r < rep; ++r) {
-          const float w = all[r * len + p];
+          const float w = all[r * n + p - first];
           float* a = sums.data() + r * head_dim;
           for (int64_t d = 0; d < head_dim; ++d) a[d] += w * row[d];
         }
@@ -291,7 +304,7 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache,
                                   const at::Tensor& v_cache, const at::Tensor& block_tables,
                                   const at::Tensor& context_lens, int64_t block_size,
-                                  double scale) {
+                                  double scale, int64_t window, double softcap) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "bad ranks");
   TORCH_CHECK(q.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1,
               "head_dim must be contiguous");
@@ -304,7 +317,7 @@ at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache
   auto out = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "paged_decode", [&] {
     paged_decode_attention_impl<scalar_t>(q, k_cache, v_cache, block_tables, context_lens,
-                                          block_size, scale, out);
+                                          block_size, scale, window, softcap, out);
   });
   return out;
 }

@@ -5,7 +5,7 @@
 //   common.h       scalar helpers: dtype conversions, float32 loops g++ vectorises
 //   simd.h         the vector operations, once per ISA (Simd512, Simd256)
 //   attention.h    paged decode attention
-//   elementwise.h  RMSNorm, SiLU-and-mul, RoPE + K/V writes, logit refinement
+//   elementwise.h  RMSNorm, SiLU- and GELU-tanh-and-mul, RoPE + K/V writes, logit refinement
 //   gemm.h         the bf16 matmul of the linear layers and its weight packing
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags
@@ -17,11 +17,17 @@
 #include "gemm.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // window: keys at positions > context_len - 1 - window only (0: all); softcap: scores ->
+  // softcap * tanh(scores / softcap) (0: off).
   m.def("paged_decode_attention", &paged_decode_attention,
-        "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D])");
+        "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D])", py::arg("q"),
+        py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
+        py::arg("block_size"), py::arg("scale"), py::arg("window") = 0,
+        py::arg("softcap") = 0.0);
   m.def("rms_norm", &rms_norm, "RMSNorm of [T,N] rows, output in the weight's dtype");
   m.def("add_rms_norm", &add_rms_norm, "x += delta (float32 x, in place), then RMSNorm of x");
   m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [T,2I] -> [T,I]");
+  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "GELU-tanh(gate) * up of [T,2I] -> [T,I]");
   m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
   m.def("refine_logits", &refine_logits,
         "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly");

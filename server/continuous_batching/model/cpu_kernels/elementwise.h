@@ -118,6 +118,41 @@ at::Tensor silu_and_mul(const at::Tensor& gate_up) {
 }
 
 // ---------------------------------------------------------------------------------------
+// GELU(gate, tanh approximation) * up for the fused gate_up output [T, 2I] -> [T, I]
+// (Gemma's GeGLU; torch's gelu(approximate="tanh") formula, in float32).
+template <typename T>
+void gelu_tanh_and_mul_impl(const at::Tensor& gate_up, at::Tensor& out) {
+  const int64_t rows = gate_up.size(0), inter = gate_up.size(1) / 2, gs = gate_up.stride(0);
+  const T* gp = gate_up.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  constexpr float kBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+  constexpr float kKappa = 0.044715f;
+  at::parallel_for(0, rows, 4, [&](int64_t begin, int64_t end) {
+    std::vector<float> g(inter), u(inter);
+    for (int64_t t = begin; t < end; ++t) {
+      load_row(gp + t * gs, g.data(), inter);
+      load_row(gp + t * gs + inter, u.data(), inter);
+      T* dst = op + t * inter;
+      for (int64_t i = 0; i < inter; ++i) {
+        const float x = g[i];
+        const float inner = kBeta * (x + kKappa * x * x * x);
+        dst[i] = from_f32<T>(0.5f * x * (1.0f + std::tanh(inner)) * u[i]);
+      }
+    }
+  });
+}
+
+at::Tensor gelu_tanh_and_mul(const at::Tensor& gate_up) {
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.stride(1) == 1 && gate_up.size(1) % 2 == 0,
+              "gate_up must be [T, 2I] rows");
+  auto out = at::empty({gate_up.size(0), gate_up.size(1) / 2}, gate_up.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, gate_up.scalar_type(), "gelu", [&] {
+    gelu_tanh_and_mul_impl<scalar_t>(gate_up, out);
+  });
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------
 // RoPE ("rotate half" with the sign folded into sin) on q and k of the fused qkv output
 // [T, (H + 2 KVH) * D], then the step's k and v written to their cache slots. Returns the
 // rotated q [T, H, D]; replaces flip/mul/addcmul and two index_copy_ per layer.

@@ -11,19 +11,25 @@ from collections.abc import Callable
 from typing import Any
 
 from ..architecture import ModelArchConfig, UnsupportedModelError
-from . import llama, mixtral, qwen3_moe
+from . import gemma, llama, mixtral, phi3, qwen3, qwen3_moe
 
 ConfigReader = Callable[[dict[str, Any]], ModelArchConfig]
 
 #: Hugging Face architecture name -> its config reader.
 CONFIG_READERS: dict[str, ConfigReader] = {
     **dict.fromkeys(llama.ARCHITECTURES, llama.read_config),
+    **dict.fromkeys((*gemma.ARCHITECTURES, *gemma.MULTIMODAL_ARCHITECTURES), gemma.read_config),
+    **dict.fromkeys(qwen3.ARCHITECTURES, qwen3.read_config),
+    **dict.fromkeys(phi3.ARCHITECTURES, phi3.read_config),
     **dict.fromkeys(mixtral.ARCHITECTURES, mixtral.read_config),
     **dict.fromkeys(qwen3_moe.ARCHITECTURES, qwen3_moe.read_config),
 }
 
 #: The architectures the engine serves, for error messages and the docs.
-SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(sorted(CONFIG_READERS))
+#: (Readers that only explain a refusal, as Gemma 3's multimodal one, are not listed.)
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(
+    sorted(set(CONFIG_READERS) - set(gemma.MULTIMODAL_ARCHITECTURES))
+)
 
 
 def read_hf_config(d: dict[str, Any]) -> ModelArchConfig:

@@ -1,0 +1,59 @@
+"""GGUF files written by llama.cpp's own converter (``convert_hf_to_gguf.py`` from the
+llama-cpp-python sdist, through ``harness.llama_cpp``) load into the engine and give the
+tokens transformers gives on the Hugging Face folder they were converted from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import LlamaConfig, PreTrainedModel
+
+from harness import llama_cpp
+from protocol.generation import GenerationConfig
+from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching.runner.model_runner import ModelRunner
+from tests.support.default_model import engine_config
+from tests.support.tiny_checkpoints import VOCAB_SIZE, write_tiny_checkpoint
+
+PROMPTS = [[1, 504, 3458, 282, 4649, 314], [1, 2683, 253, 29412, 28, 9637]]
+NUM_NEW_TOKENS = 12
+
+
+def hf_greedy(model: PreTrainedModel, prompt: list[int]) -> list[int]:
+    """transformers' greedy continuation of ``prompt`` (float32, no eos stop)."""
+    ids = torch.tensor([prompt])
+    out = model.generate(ids, max_new_tokens=NUM_NEW_TOKENS, do_sample=False, eos_token_id=None)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory: pytest.TempPathFactory, default_model_path: Path):
+    """A tiny random llama (GQA, untied) saved as HF, then converted to an f32 GGUF."""
+    folder = tmp_path_factory.mktemp("tiny_llama")
+    config = LlamaConfig(
+        vocab_size=VOCAB_SIZE,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+    model = write_tiny_checkpoint(config, folder, default_model_path)
+    gguf = llama_cpp.convert_hf_to_gguf(folder, folder / "tiny-f32.gguf", outtype="f32")
+    return model, gguf
+
+
+def test_llama_cpp_converted_gguf_gives_transformers_tokens(converted) -> None:
+    model, gguf = converted
+    config = engine_config(gguf, num_blocks=64, num_blocks_cpu=0)
+    engine = LLMEngine(config, runner=ModelRunner(config))
+    # llama.cpp's converter permutes q/k rows; the loader must undo it exactly.
+    results = engine.generate(PROMPTS, [GenerationConfig(max_new_tokens=NUM_NEW_TOKENS)] * 2)
+    ours = [[t for d in deltas for t in d.token_ids] for deltas in results]
+    assert ours == [hf_greedy(model, p) for p in PROMPTS]
