@@ -378,3 +378,14 @@ def test_gptq_checkpoint_matches_dequantised_transformers(checkpoint, tmp_path) 
     engine = LLMEngine(config)
     assert isinstance(engine.runner.model.layers[0].qkv, QuantLinear)
     assert generate(engine, checkpoint.prompts[:3]) == expected
+
+
+def test_qwen3_moe_hub_config_names_and_sparse_step() -> None:
+    # Hub configs name the count num_experts; decoder_sparse_step 2 makes every second layer
+    # MoE (transformers' rule), mlp_only_layers overrides it.
+    d = {**tiny_qwen3_moe().config.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}
+    d.pop("num_local_experts")
+    d.update(num_experts=6, num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    arch = read_hf_config(d)
+    assert arch.num_experts == 6
+    assert [arch.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
