@@ -48,12 +48,12 @@ def with_gguf_experts(
     tensor_names: Collection[str],
 ) -> ModelArchConfig:
     """``config`` (read as a llama) with the experts of GGUF architecture ``arch``;
-    ``meta(key, default)`` reads ``{arch}.{key}``. Unchanged for a dense llama."""
+    ``meta(key, default)`` reads ``{arch}.{key}``. Unchanged for a dense model."""
     num_experts = int(meta("expert_count", 0) or 0)
-    if num_experts == 0 and arch == "llama":
+    if num_experts == 0:
         return config
-    if num_experts == 0 or arch not in _FAMILIES:
-        raise UnsupportedModelError(f"GGUF architecture {arch!r} without experts")
+    if arch not in _FAMILIES:
+        raise UnsupportedModelError(f"GGUF architecture {arch!r} with experts is not supported")
     family, architecture, model_type = _FAMILIES[arch]
     routed = {
         i for i in range(config.num_hidden_layers) if f"blk.{i}.ffn_gate_inp.weight" in tensor_names
