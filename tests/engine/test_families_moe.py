@@ -5,12 +5,14 @@ top-2; Qwen3-MoE with one dense layer through ``mlp_only_layers``, tied embeddin
 untied) and saved sharded. Through the engine, batched together, after swap preemptions and
 at every CPU ISA level this machine can run (forced), the greedy tokens must equal
 transformers' float32 greedy tokens. The router must choose transformers' experts with its
-weights, and the grouped expert path must equal the plain dense reference.
+weights, and the grouped expert path must equal the plain dense reference. Expert tensors
+load from the Hub's per-expert layout, transformers 5's stacked one and a GPTQ checkpoint.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 from transformers import (
+    AutoModelForCausalLM,
     MixtralConfig,
     MixtralForCausalLM,
     PreTrainedModel,
@@ -28,6 +31,7 @@ from transformers import (
 from transformers.models.mixtral.modeling_mixtral import MixtralTopKRouter
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeTopKRouter
 
+from harness.gptq_writer import TOKENIZER_FILES, write_checkpoint
 from protocol.generation import GenerationConfig
 from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
@@ -40,7 +44,12 @@ from server.continuous_batching.model.moe_layers import (
     Qwen3MoeDecoderLayer,
     Qwen3MoeDenseDecoderLayer,
 )
-from server.continuous_batching.model.weights import load_model, safetensors_files
+from server.continuous_batching.model.weights import (
+    iter_safetensors,
+    load_model,
+    safetensors_files,
+)
+from server.continuous_batching.quantization.quant_linear import QuantLinear
 from tests.engine.conftest import assert_no_leak, tokens_of
 from tests.support.cpu_paths import kernel_levels, runnable_levels
 
@@ -337,3 +346,46 @@ def test_mixtral_sliding_window_shorter_than_the_context_is_refused() -> None:
     assert read_hf_config({**d, "sliding_window": 4096}).num_experts == 4  # >= 256 positions
     with pytest.raises(UnsupportedModelError, match="sliding_window"):
         read_hf_config({**d, "sliding_window": 64})
+
+
+def test_gptq_checkpoint_matches_dequantised_transformers(checkpoint, tmp_path) -> None:
+    # AutoGPTQ's layout (harness.gptq_writer) from the Hub-named tensors: attention runs as
+    # int4 QuantLinear; quantised experts (Qwen3-MoE's *_proj; Mixtral's w1/w2/w3 stay
+    # float16 as the writer knows only the llama names) are dequantised at load.
+    staging, folder, reference_dir = (tmp_path / n for n in ("staging", "gptq", "reference"))
+    for d in (staging, folder, reference_dir):
+        d.mkdir()
+    for name in ("config.json", "generation_config.json"):
+        shutil.copy(checkpoint.path / name, staging / name)
+    for name in TOKENIZER_FILES:
+        shutil.copy(checkpoint.tokenizer_path / name, staging / name)
+    source = dict(iter_safetensors(checkpoint.path))
+    reference = write_checkpoint(folder, staging, source, fmt="gptq", group_size=32, desc_act=False)
+    save_file(reference, str(reference_dir / "model.safetensors"))
+    shutil.copy(checkpoint.path / "config.json", reference_dir / "config.json")
+    hf = AutoModelForCausalLM.from_pretrained(reference_dir, dtype=torch.float32).eval()
+    expected = [hf_greedy(hf, p, NUM_NEW) for p in checkpoint.prompts[:3]]
+    config = EngineConfig.model_validate(
+        {
+            "model_loading_config": {
+                "model_name_or_path": str(folder),
+                "torch_dtype": "float32",
+                "quantize_method": "gptq",
+            },
+            "cache_config": {"num_blocks": 64, "num_blocks_cpu": 0, "block_size": 16},
+        }
+    )
+    engine = LLMEngine(config)
+    assert isinstance(engine.runner.model.layers[0].qkv, QuantLinear)
+    assert generate(engine, checkpoint.prompts[:3]) == expected
+
+
+def test_qwen3_moe_hub_config_names_and_sparse_step() -> None:
+    # Hub configs name the count num_experts; decoder_sparse_step 2 makes every second layer
+    # MoE (transformers' rule), mlp_only_layers overrides it.
+    d = {**tiny_qwen3_moe().config.to_dict(), "architectures": ["Qwen3MoeForCausalLM"]}
+    d.pop("num_local_experts")
+    d.update(num_experts=6, num_hidden_layers=6, decoder_sparse_step=2, mlp_only_layers=[3])
+    arch = read_hf_config(d)
+    assert arch.num_experts == 6
+    assert [arch.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]

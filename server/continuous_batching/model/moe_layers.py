@@ -94,7 +94,7 @@ class QkNormDecoderLayer(LlamaDecoderLayer):
             ops,
         )
         q = ops.rope_write_kv(qkv, rope, kv_cache, attention)
-        return attention(q, kv_cache[0], kv_cache[1])
+        return attention(q, kv_cache[0], kv_cache[1], window=self.attention_window)
 
 
 class Qwen3MoeDenseDecoderLayer(QkNormDecoderLayer):

@@ -29,9 +29,19 @@ from gguf.quants import dequantize
 
 from . import gguf_families
 from .architecture import ModelArchConfig, UnsupportedModelError
+from .weights_gguf_moe import (
+    GGUF_MOE_ARCHITECTURES,
+    MOE_LAYER_NAMES,
+    PERMUTED_MOE_MODEL_TYPES,
+    with_gguf_experts,
+)
 
 #: GGUF architectures whose tensors map onto our llama module (mistral GGUFs say "llama").
-GGUF_ARCHITECTURES: tuple[str, ...] = ("llama", *gguf_families.GGUF_FAMILIES)
+GGUF_ARCHITECTURES: tuple[str, ...] = (
+    "llama",
+    *gguf_families.GGUF_FAMILIES,
+    *GGUF_MOE_ARCHITECTURES,
+)
 
 _GLOBAL_NAMES: dict[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -49,6 +59,7 @@ _LAYER_NAMES: dict[str, str] = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
     **gguf_families.LAYER_NAMES,
+    **MOE_LAYER_NAMES,
 }
 
 
@@ -87,7 +98,7 @@ def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
     head_dim = int(meta("attention.key_length", hidden // heads))
     context_length = int(meta("context_length", 2048))
     architecture, family = gguf_families.GGUF_FAMILIES.get(arch, ("LlamaForCausalLM", "llama"))
-    return ModelArchConfig(
+    config = ModelArchConfig(
         # GGML shapes are [in, out]: the embedding is [hidden, vocab].
         vocab_size=int(tensors["token_embd.weight"].shape[1]),
         hidden_size=hidden,
@@ -109,6 +120,9 @@ def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
         family=family,
         partial_rotary_factor=int(meta("rope.dimension_count", head_dim)) / head_dim,
         sliding_window=gguf_families.sliding_window(reader, arch, context_length),
+    )
+    return with_gguf_experts(
+        config, arch, lambda key, d: _field(reader, f"{arch}.{key}", d), tensors
     )
 
 
@@ -132,13 +146,19 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return rows.transpose(1, 2).reshape(weight.shape)
 
 
+def has_permuted_rope_rows(config: ModelArchConfig) -> bool:
+    """True when llama.cpp's converter permuted this model's q/k rows (``unpermute_rope_rows``
+    undoes it). Mixtral's GGUF is a "llama" one (the permuted layout) read as "mixtral"."""
+    return config.model_type in (*gguf_families.PERMUTED_ARCHITECTURES, *PERMUTED_MOE_MODEL_TYPES)
+
+
 def iter_gguf(
     reader: GGUFReader, config: ModelArchConfig, skip: Collection[str] = ()
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (hf_name, float32 tensor) for every tensor but those named in ``skip`` (GGUF
     names: kept quantised elsewhere), dequantised one at a time. Unknown tensor names are
     passed through unchanged so ``assign_weights`` reports them."""
-    is_permuted = config.model_type in gguf_families.PERMUTED_ARCHITECTURES
+    is_permuted = has_permuted_rope_rows(config)
     for tensor in reader.tensors:
         if tensor.name in skip:
             continue

@@ -29,10 +29,9 @@ from gguf.quants import dequantize
 
 from ..quantization.packed_gguf import PACKABLE_TYPES, PackedWeight, concat_rows, repack
 from ..quantization.packed_linear import ConcatLinear, PackedLinear
-from . import gguf_families
 from .architecture import ModelArchConfig
 from .llama import LlamaForCausalLM
-from .weights_gguf import unpermute_rope_rows
+from .weights_gguf import has_permuted_rope_rows, unpermute_rope_rows
 
 #: Our fused matmuls -> the GGUF tensors they hold, in output order.
 GGUF_FUSED: dict[str, tuple[str, ...]] = {
@@ -73,7 +72,7 @@ class PackedLoad:
 def _rope_heads(name: str, config: ModelArchConfig) -> int | None:
     """The heads whose rows llama.cpp permuted in tensor ``name`` (None: not q or k, or an
     architecture whose q/k rows the converter leaves alone)."""
-    if config.model_type not in gguf_families.PERMUTED_ARCHITECTURES:
+    if not has_permuted_rope_rows(config):
         return None
     if ".attn_q." in name:
         return config.num_attention_heads
