@@ -72,10 +72,14 @@ BUILD_TIMEOUT_SECONDS = 600
 
 
 def build_directory(isa: str) -> Path:
-    """Where the ``isa`` build is (or will be): one folder per source, torch, flags and level."""
+    """Where the ``isa`` build is (or will be): one folder per source (contents and path), torch,
+    flags and level."""
     key = hashlib.sha256()
     parts = (
         *(path.read_bytes() for path in SOURCES),
+        # ninja's build file names the source's path: two checkouts sharing one folder would
+        # rebuild each time the other one built last.
+        str(SOURCE.resolve()),
         torch.__version__,
         " ".join(FLAGS + ISA_FLAGS[isa]),
         isa,
