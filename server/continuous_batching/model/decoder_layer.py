@@ -136,6 +136,12 @@ class LlamaDecoderLayer(nn.Module):
         h = self._norm(x, delta, self.post_attention_layernorm, ops)
         return self.feed_forward(x, h, ops)
 
+    def project_qkv(self, h: torch.Tensor, ops: TorchDecoderOps) -> torch.Tensor:
+        """The fused q/k/v projection of ``h`` [T, q_size + 2 * kv_size], before RoPE
+        (families that normalise q and k heads override it)."""
+        del ops  # llama's projection needs no element-wise op
+        return self.qkv(h)
+
     def attend(
         self,
         h: torch.Tensor,
@@ -147,7 +153,7 @@ class LlamaDecoderLayer(nn.Module):
         """Attention of the normed stream ``h`` [T, hidden] -> [T, heads * head_dim], before
         o_proj. Stores this step's K/V in ``kv_cache``."""
         # RoPE on q and k, and this step's K/V stored in the cache.
-        q = ops.rope_write_kv(self.qkv(h), rope, kv_cache, attention)
+        q = ops.rope_write_kv(self.project_qkv(h, ops), rope, kv_cache, attention)
         # Attention reads K/V back from the cache (including this step's): chunked prefill,
         # whole prefill and decode then see exactly the same keys.
         return attention(q, kv_cache[0], kv_cache[1], window=self.attention_window)

@@ -10,13 +10,11 @@ from types import ModuleType
 import torch
 
 from .architecture import ModelArchConfig
-from .decoder_layer import LlamaDecoderLayer, param
+from .decoder_layer import LlamaDecoderLayer
 from .decoder_ops import TorchDecoderOps
 from .linear import Packing
 from .moe import SparseMoe
-from .paged_attention import LayerCache, PagedAttention
-from .qk_norm import apply_qk_norm
-from .rotary import RopeRows
+from .qwen3 import Qwen3DecoderLayer
 
 #: The dense MLP's entries in ``DENSE_PARAMS`` and its parameters, absent from a MoE block.
 _DENSE_MLP = ("gate_up", "down")
@@ -57,69 +55,11 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         return x + self.moe(h, ops).to(x.dtype), None
 
 
-class QkNormDecoderLayer(LlamaDecoderLayer):
-    """Attention with RMSNorm per q and k head before RoPE (Qwen3's ``q_norm``/``k_norm``)."""
-
-    def _init_qk_norm(
-        self, config: ModelArchConfig, dtype: torch.dtype, device: torch.device
-    ) -> None:
-        """Allocate the [head_dim] q and k norm weights (after the base block)."""
-        self.q_norm = param((config.head_dim,), dtype, device)
-        self.k_norm = param((config.head_dim,), dtype, device)
-
-    def qk_norm_targets(self) -> dict[str, tuple[torch.Tensor | None, int, int]]:
-        """HF names of the two norms -> targets."""
-        return {
-            "self_attn.q_norm.weight": (self.q_norm, 0, self.head_dim),
-            "self_attn.k_norm.weight": (self.k_norm, 0, self.head_dim),
-        }
-
-    def attend(
-        self,
-        h: torch.Tensor,
-        rope: RopeRows,
-        kv_cache: LayerCache,
-        attention: PagedAttention,
-        ops: TorchDecoderOps,
-    ) -> torch.Tensor:
-        """See ``LlamaDecoderLayer.attend``; q and k are normed per head before RoPE."""
-        qkv = apply_qk_norm(
-            self.qkv(h),
-            self.q_norm,
-            self.k_norm,
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            self.eps,
-            ops,
-        )
-        q = ops.rope_write_kv(qkv, rope, kv_cache, attention)
-        return attention(q, kv_cache[0], kv_cache[1], window=self.attention_window)
+class Qwen3MoeDenseDecoderLayer(Qwen3DecoderLayer):
+    """A Qwen3-MoE layer with a dense MLP (``mlp_only_layers``, ``decoder_sparse_step``):
+    Qwen3's block."""
 
 
-class Qwen3MoeDenseDecoderLayer(QkNormDecoderLayer):
-    """A Qwen3-MoE layer with a dense MLP (``mlp_only_layers``, ``decoder_sparse_step``)."""
-
-    def __init__(self, config: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(config, dtype, device)
-        self._init_qk_norm(config, dtype, device)
-
-    def hf_weight_targets(
-        self, c: ModelArchConfig
-    ) -> dict[str, tuple[torch.Tensor | None, int, int]]:
-        """The llama block's tensors plus the q/k norms."""
-        return {**super().hf_weight_targets(c), **self.qk_norm_targets()}
-
-
-class Qwen3MoeDecoderLayer(MoeDecoderLayer, QkNormDecoderLayer):
-    """A Qwen3-MoE layer with routed experts."""
-
-    def __init__(self, config: ModelArchConfig, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(config, dtype, device)
-        self._init_qk_norm(config, dtype, device)
-
-    def hf_weight_targets(
-        self, c: ModelArchConfig
-    ) -> dict[str, tuple[torch.Tensor | None, int, int]]:
-        """The MoE block's tensors plus the q/k norms."""
-        return {**super().hf_weight_targets(c), **self.qk_norm_targets()}
+class Qwen3MoeDecoderLayer(MoeDecoderLayer, Qwen3DecoderLayer):
+    """A Qwen3-MoE layer with routed experts: the MoE block with Qwen3's q/k norms (the MRO
+    runs MoeDecoderLayer, then Qwen3DecoderLayer, then the llama block)."""

@@ -1,7 +1,7 @@
 """RMSNorm of each query and key head before RoPE (Qwen3, Qwen3-MoE: ``q_norm``/``k_norm``
-over ``head_dim``), applied in place to the fused q/k/v projection output.
-
-Owned by the MoE work for Qwen3-MoE; the dense Qwen3 block can call the same function.
+over ``head_dim``), applied in place to the fused q/k/v projection output; Qwen3's block
+(``qwen3.Qwen3DecoderLayer.project_qkv``) calls it, and Qwen3-MoE's blocks inherit that.
+Gemma 3 norms from float32 instead, as transformers' Gemma norms do (``gemma_layer``).
 """
 
 from __future__ import annotations

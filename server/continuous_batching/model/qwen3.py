@@ -1,5 +1,6 @@
 """Qwen3's decoder block: llama's, with an RMSNorm over each q and each k head (weights
-``q_norm`` / ``k_norm`` of ``head_dim``) between the q/k/v projection and RoPE."""
+``q_norm`` / ``k_norm`` of ``head_dim``) between the q/k/v projection and RoPE. Qwen3-MoE's
+blocks build on it (``moe_layers``)."""
 
 from __future__ import annotations
 
@@ -8,9 +9,7 @@ import torch
 from .architecture import ModelArchConfig
 from .decoder_layer import LlamaDecoderLayer, param
 from .decoder_ops import TorchDecoderOps
-from .paged_attention import LayerCache, PagedAttention
 from .qk_norm import apply_qk_norm
-from .rotary import RopeRows
 
 
 class Qwen3DecoderLayer(LlamaDecoderLayer):
@@ -30,17 +29,10 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
         targets["self_attn.k_norm.weight"] = (self.k_norm, 0, c.head_dim)
         return targets
 
-    def attend(
-        self,
-        h: torch.Tensor,
-        rope: RopeRows,
-        kv_cache: LayerCache,
-        attention: PagedAttention,
-        ops: TorchDecoderOps,
-    ) -> torch.Tensor:
-        """See ``LlamaDecoderLayer.attend``; q and k are normalised per head first (the ops'
-        row-wise RMSNorm over [T * heads, head_dim]: the fused kernel on a CPU)."""
-        qkv = apply_qk_norm(
+    def project_qkv(self, h: torch.Tensor, ops: TorchDecoderOps) -> torch.Tensor:
+        """The q/k/v projection with q and k normalised per head (the ops' row-wise RMSNorm
+        over [T * heads, head_dim]: the fused kernel on a CPU)."""
+        return apply_qk_norm(
             self.qkv(h),
             self.q_norm,
             self.k_norm,
@@ -50,5 +42,3 @@ class Qwen3DecoderLayer(LlamaDecoderLayer):
             self.eps,
             ops,
         )
-        q = ops.rope_write_kv(qkv, rope, kv_cache, attention)
-        return attention(q, kv_cache[0], kv_cache[1], window=self.attention_window)
