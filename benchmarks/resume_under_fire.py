@@ -70,7 +70,10 @@ async def _stream(client: httpx.AsyncClient, base: str, body: dict[str, object])
     try:
         async with client.stream("POST", f"{base}/v1/completions", json=body) as response:
             if response.status_code != 200:
-                return f"error: HTTP {response.status_code}"
+                # The whole answer, with the request id to find it in the gateway's log.
+                body = (await response.aread()).decode(errors="replace")[:300]
+                request_id = response.headers.get("x-request-id", "?")
+                return f"error: HTTP {response.status_code} ({request_id}): {body}"
             async for line in response.aiter_lines():
                 if not line.startswith("data: {"):
                     continue

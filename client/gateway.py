@@ -19,6 +19,7 @@ from client.forwarding.failover import Proxy
 from client.metrics import GatewayMetrics
 from protocol.health import HealthResponse, LoadReport, ServerKind
 from protocol.openai_api import ModelCard, ModelList
+from utils.http_transport import ResetSafeTransport
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,12 @@ class Gateway:
         # trust_env=False for our servers: they are on the local network, and an
         # HTTP(S)_PROXY meant for the outside world must not capture these calls. The jumpers
         # are the outside world, so their client honours it.
-        local_client = httpx.AsyncClient(limits=limits, trust_env=False)
-        upstream_client = httpx.AsyncClient(limits=limits, trust_env=True)
+        local_client = httpx.AsyncClient(
+            transport=ResetSafeTransport(limits=limits), trust_env=False
+        )
+        upstream_client = httpx.AsyncClient(
+            transport=ResetSafeTransport(limits=limits, trust_env=True), trust_env=True
+        )
         self._clients = [local_client, upstream_client]
         self._proxy = Proxy(local_client, upstream_client, self.router, self.metrics, self.config)
         self._log_jumpers(self.config)

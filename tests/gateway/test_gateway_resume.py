@@ -70,7 +70,7 @@ def test_two_of_three_servers_sigkilled_under_200_streams() -> None:
     report = asyncio.run(
         run_resume(num_streams=200, max_tokens=24, first_kill_after=1.5, is_seeded=True)
     )
-    assert report.num_hung == 0 and report.num_errors == 0, report
+    assert report.num_hung == 0 and report.num_errors == 0, (report, *report.error_messages)
     assert report.num_identical == 200, report
     assert report.num_resumed > 0 and set(report.resumed_by_cause) == {"broken"}, report
 
