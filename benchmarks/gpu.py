@@ -162,7 +162,9 @@ class EngineBench:
             "enforce_eager": args.enforce_eager,
         }
         if args.device == "cpu":
-            loading["cpu_kernels"] = False  # smoke test: no C++ build
+            # The GPU benchmark's CPU smoke run skips the C++ build; a CPU benchmark
+            # (benchmarks.families) measures with the kernels.
+            loading["cpu_kernels"] = getattr(args, "is_cpu_kernels", False)
         config = EngineConfig.model_validate(
             {
                 "model_loading_config": loading,

@@ -1,0 +1,49 @@
+"""benchmarks/families.py: a whole smoke run of the tiny shape (every row, the ratios against
+llama, the routed share of the experts) and the active-parameter count of the 1B bodies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks import families
+
+
+def test_tiny_run_of_three_families(tmp_path: Path) -> None:
+    out = tmp_path / "families.json"
+    argv = ["--shape", "tiny", "--families", "qwen3_moe", "gemma3_hd256", "--batches", "1", "2"]
+    result = families.main([*argv, "--prompt-len", "8", "--decode-steps", "2", "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    rows = {(r["family"], r["batch"]): r for r in result["results"]}
+    # llama is always measured first: it is every ratio's baseline.
+    assert [r["family"] for r in result["results"]][::2] == ["llama", "qwen3_moe", "gemma3_hd256"]
+    assert set(rows) == {(f, b) for f in ("llama", "qwen3_moe", "gemma3_hd256") for b in (1, 2)}
+    for (_, batch), row in rows.items():
+        assert row["decode_step_ms"] > 0 and row["tok_s"] == pytest.approx(
+            batch * 1e3 / row["decode_step_ms"], rel=0.02
+        )
+        expected = row["ms_per_active_b"] / rows[("llama", batch)]["ms_per_active_b"]
+        assert row["vs_llama"] == pytest.approx(expected, abs=0.01)
+    assert rows[("llama", 1)]["vs_llama"] == 1.0
+
+
+def test_the_moe_bodies_are_about_as_active_as_llama(tmp_path: Path) -> None:
+    """Active parameters per token of the 1B shapes: the MoE families' routed half of 4
+    experts of MLP 4096 is llama's MLP 8192 (counted on meta tensors: nothing is allocated)."""
+    import torch
+    import transformers
+
+    counts = {}
+    for family in ("llama", "mixtral", "qwen3_moe", "phi3"):
+        class_name, fields = families.FAMILIES[family]
+        config = getattr(transformers, class_name)(**{**families.BODY, **fields})
+        with torch.device("meta"):
+            model = transformers.AutoModelForCausalLM.from_config(config)
+        counts[family] = families.active_params(model, config)
+    assert counts["llama"] == pytest.approx(1.074e9, rel=0.001)
+    assert counts["mixtral"] == pytest.approx(counts["llama"], rel=0.001)
+    assert counts["qwen3_moe"] == pytest.approx(counts["llama"], rel=0.001)
+    # Phi-3 unties its head: the LM head counts, the input table (a lookup) does not.
+    assert counts["phi3"] == pytest.approx(counts["llama"], rel=0.001)
