@@ -69,11 +69,11 @@ def _exact_attention(q, k_cache, v_cache, tables, context_lens) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 @pytest.mark.parametrize(
     "heads,kv_heads,dim",
-    [(9, 3, 64), (8, 8, 64), (12, 2, 128), (10, 2, 32), (6, 3, 80)],
-    ids=["gqa3_d64", "mha_d64", "gqa6_d128", "gqa5_d32", "gqa2_d80"],
+    [(9, 3, 64), (8, 8, 64), (12, 2, 128), (4, 2, 256), (10, 2, 32), (6, 3, 80)],
+    ids=["gqa3_d64", "mha_d64", "gqa6_d128", "gqa2_d256", "gqa5_d32", "gqa2_d80"],
 )
 def test_paged_decode_attention(kernels, dtype, heads, kv_heads, dim) -> None:
-    # d64/d128 take the AVX-512 passes (where the CPU has them), d32/d80 the portable loops;
+    # d64/d128/d256 take the AVX-512 passes (where the CPU has them), d32/d80 the portable loops;
     # rep 6 crosses the four-heads-at-a-time register tiles. Lengths hit 1, block boundaries
     # and odd tails.
     gen = torch.Generator().manual_seed(heads * 100 + dim)

@@ -248,6 +248,12 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
                                         acc.data(), run_max, run_sum, scores.data(), os,
                                         head_dim);
           return;
+        case 256:  // Gemma's head size
+          decode_sequence<Simd, T, 256>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
+                                        table, block_size, first, len, fscale, fsoftcap,
+                                        acc.data(), run_max, run_sum, scores.data(), os,
+                                        head_dim);
+          return;
         default:
           break;
       }
