@@ -4,7 +4,8 @@ llama's shapes. Run by hand (not a test; about half a minute):
 
     .venv/bin/python -m benchmarks.quant_matmul [--isa avx2] [--seconds 0.3] [--threads 1]
 
-Per shape (K x N) and batch M (1: decode, 8: a small batch): milliseconds per call (median
+Per shape (K x N) and batch M (1: decode, 8: a small batch), float32 activations and (``i8``,
+where the kernels have them) int8 activations: milliseconds per call (median
 of repeated runs), GB/s of weight bytes read (the packed bytes, scales included), and the
 speed against bf16 in the same run (>1: faster).
 """
@@ -54,9 +55,19 @@ def _time(call: Callable[[], object], seconds: float) -> float:
     return statistics.median(samples)
 
 
-def _quant_call(kernels, x: torch.Tensor, w: PackedWeight) -> Callable[[], object]:
+def _quant_call(
+    kernels, x: torch.Tensor, w: PackedWeight, is_int8: bool = False
+) -> Callable[[], object]:
     return lambda: kernels.quant_linear(
-        x, w.codes, w.bits, w.group, w.group_scale, w.group_offset, w.super_scale, w.super_offset
+        x,
+        w.codes,
+        w.bits,
+        w.group,
+        w.group_scale,
+        w.group_offset,
+        w.super_scale,
+        w.super_offset,
+        is_int8_activations=is_int8,
     )
 
 
@@ -67,7 +78,7 @@ def run(isa: str, seconds: float) -> None:
         raise SystemExit(f"no fused CPU kernels for {isa}")
     rng = np.random.default_rng(0)
     print(f"isa {isa}, {torch.get_num_threads()} threads, CPU {cpu_isa.probe().model}")
-    header = f"{'K x N':>12} {'M':>2} {'kind':>5} {'ms/call':>9} {'GB/s':>7} {'vs bf16':>8}"
+    header = f"{'K x N':>12} {'M':>2} {'kind':>7} {'ms/call':>9} {'GB/s':>7} {'vs bf16':>8}"
     print(header)
     for k, n in SHAPES:
         dense = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
@@ -80,10 +91,13 @@ def run(isa: str, seconds: float) -> None:
             rows = [("bf16", base, n * k * 2)]
             for name, w in (("Q8_0", q8), ("Q4_K", q4k)):
                 rows.append((name, _time(_quant_call(kernels, x, w), seconds), w.num_bytes))
+                if getattr(kernels, "has_int8_activations", False):
+                    call = _quant_call(kernels, x, w, is_int8=True)
+                    rows.append((f"{name}i8", _time(call, seconds), w.num_bytes))
             for name, sec, num_bytes in rows:
                 ratio = base / sec
                 print(
-                    f"{k:>5} x {n:<5} {m:>2} {name:>5} {sec * 1e3:>9.3f} "
+                    f"{k:>5} x {n:<5} {m:>2} {name:>7} {sec * 1e3:>9.3f} "
                     f"{num_bytes / sec / 1e9:>7.2f} {ratio:>7.2f}x"
                 )
 

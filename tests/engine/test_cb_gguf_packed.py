@@ -1,7 +1,8 @@
 """GGUF models served with their matmul weights kept quantised (packed) on a CPU give the same
 greedy tokens as the same file loaded the plain way (every tensor dequantised to float32 at
 load): tiny random llamas written in each packable type, and a Q4_K_M-like mix (Q6_K v and
-down, an F16 gate next to a Q4_K up, an untied Q6_K lm_head)."""
+down, an F16 gate next to a Q4_K up, an untied Q6_K lm_head). With int8 activations (the
+``gguf_activations: int8``, as llama.cpp), the logits stay close to the plain path's."""
 
 from __future__ import annotations
 
@@ -31,12 +32,20 @@ NUM_NEW = 6
 pytestmark = pytest.mark.skipif(not kernel_levels(), reason="no fused CPU kernels on this CPU")
 
 
-def _load(path: Path, is_dequantized: bool, dtype: str = "float32", isa: str = "auto"):
+def _load(
+    path: Path,
+    is_dequantized: bool,
+    dtype: str = "float32",
+    isa: str = "auto",
+    activations: str = "float",
+):
+    """The model of ``path`` (float activations, the default, unless said)."""
     config = ModelLoadingConfig(
         model_name_or_path=str(path),
         torch_dtype=dtype,
         cpu_isa=isa,
         gguf_dequantize_at_load=is_dequantized,
+        gguf_activations=activations,
     )
     model, _ = load_model(config)
     return model
@@ -112,3 +121,22 @@ def test_bf16_model_and_generic_level(tmp_path) -> None:
     # The generic level has no kernels: the plain path, said so on /health.
     generic = _load(path, False, isa="generic")
     assert generic.compute_path().weights == "gguf dequantised to float32 at load"
+
+
+def test_int8_activations_stay_close(tmp_path) -> None:
+    path = write_tiny_llama(tmp_path / "q4k.gguf", {"output": T.Q6_K}, T.Q4_K, is_tied=False)
+    assert ModelLoadingConfig(model_name_or_path=str(path)).gguf_activations == "float"
+    int8 = _load(path, False, activations="int8")
+    exact = _load(path, False)
+    linears = [*_linears(int8.layers[0]).values(), int8.lm_head_linear]
+    if not getattr(int8.decoder_ops.module, "has_int8_activations", False):
+        # A kernels build without AVX2: float activations, said so on /health.
+        assert not any(getattr(m, "is_int8", False) for m in linears)
+        assert "int8 activations" not in int8.weight_format
+        return
+    assert all(m.is_int8 for m in linears if isinstance(m, PackedLinear))
+    assert int8.weight_format.endswith(", int8 activations)")
+    logits, expected = _prefill_logits(int8, PROMPTS), _prefill_logits(exact, PROMPTS)
+    assert not torch.equal(logits, expected)  # the inputs really were quantised
+    scale = expected.abs().max().item()
+    assert (logits - expected).abs().max().item() < 0.05 * scale

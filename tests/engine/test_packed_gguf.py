@@ -1,6 +1,7 @@
 """GGUF weights kept quantised: the repacking into our layout is exact (equal to gguf's own
 dequantiser bit for bit), and the fused ``quant_linear`` kernel, at every ISA level this CPU
-runs (and its scalar loops), matches a float64 matmul of the dequantised weight."""
+runs (and its scalar loops), matches a float64 matmul of the dequantised weight; with int8
+activations (the AVX2 kernel), a float64 matmul of the dequantised weight and the quantised x."""
 
 from __future__ import annotations
 
@@ -18,7 +19,12 @@ from server.continuous_batching.quantization.packed_gguf import (
     concat_rows,
     repack,
 )
-from server.continuous_batching.quantization.packed_linear import ConcatLinear, PackedLinear
+from server.continuous_batching.quantization.packed_linear import (
+    ConcatLinear,
+    PackedLinear,
+    has_int8_layout,
+    quantize_activations,
+)
 from tests.support.cpu_paths import kernel_levels
 from tests.support.gguf_files import random_blocks
 
@@ -114,3 +120,44 @@ def test_packed_linear_kernel_matches_reference_path(kernels) -> None:
     torch.testing.assert_close(mixed(x), expected, atol=1e-4, rtol=1e-4)
     residual = torch.randn(5, 32)
     torch.testing.assert_close(mixed.add_to(residual, x), residual + expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("rows", [1, 3, 9], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_int8_activations_match_the_quantised_x_in_float64(kernels, qtype, rows, dtype) -> None:
+    # 21 columns: the decode kernel's groups of 4 and the batch kernel's pairs, with a tail.
+    rng = np.random.default_rng(rows * 10 + int(qtype))
+    weight = repack(random_blocks(qtype, 21, _k_for(qtype, 2), rng), qtype)
+    assert has_int8_layout(weight)  # every packed type has a layout the int8 kernel takes
+    gen = torch.Generator().manual_seed(rows + 7)
+    x = torch.randn(rows, weight.in_features, generator=gen).to(dtype)
+    x[0, : weight.group] = 0.0  # an all-zero group: scale 0, no division by zero
+    bias = torch.randn(21, generator=gen)
+    args = (weight.codes, weight.bits, weight.group, weight.group_scale, weight.group_offset)
+    args += (weight.super_scale, weight.super_offset, bias)
+    if not kernels.has_int8_activations:  # the generic build: refused, by name
+        with pytest.raises(RuntimeError, match="int8 activations need a build with AVX2"):
+            kernels.quant_linear(x, *args, is_int8_activations=True)
+        return
+    got = kernels.quant_linear(x, *args, is_int8_activations=True)
+    x_used = quantize_activations(x, weight.group)
+    expected = _reference(x_used, weight, bias)
+    tolerance = 2e-5 if dtype == torch.float32 else 8e-3
+    scale = expected.abs().max().item()
+    assert got.dtype == dtype and got.shape == (rows, 21)
+    assert (got.double() - expected).abs().max().item() <= tolerance * scale
+    # The quantised x is close to x: int8 activations change the product a little.
+    exact = _reference(x, weight, bias)
+    assert 0 < (expected - exact).abs().max().item() <= 0.03 * scale
+
+
+def test_packed_linear_int8_kernel_matches_its_reference_path(kernels) -> None:
+    rng = np.random.default_rng(6)
+    q6k = repack(random_blocks(T.Q6_K, 12, 512, rng), T.Q6_K)
+    x = torch.randn(3, 512)
+    fast = PackedLinear(q6k, None, kernels, is_int8_activations=True)
+    plain = PackedLinear(q6k, None, None, is_int8_activations=True)
+    assert plain.is_int8 and fast.is_int8 == kernels.has_int8_activations
+    expected = plain(x) if fast.is_int8 else PackedLinear(q6k, None, None)(x)
+    torch.testing.assert_close(fast(x), expected, atol=1e-4, rtol=1e-4)

@@ -171,7 +171,7 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         model = model_class_for(arch)(
             arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels, cpu_path=cpu_path
         )
-        skip = _install_gguf_packed(model, reader, arch, config.gguf_dequantize_at_load)
+        skip = _install_gguf_packed(model, reader, arch, config)
         assign_weights(model, iter_gguf(reader, arch, skip))
     else:
         arch = read_arch_config(model_path)
@@ -200,17 +200,20 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
 
 
 def _install_gguf_packed(
-    model: LlamaForCausalLM, reader: GGUFReader, arch: ModelArchConfig, dequantize_at_load: bool
+    model: LlamaForCausalLM, reader: GGUFReader, arch: ModelArchConfig, config: ModelLoadingConfig
 ) -> set[str]:
     """Keep the GGUF's quantised matmul weights packed where the CPU kernels run (see
-    ``weights_gguf_packed``); returns the GGUF tensor names installed that way. Otherwise
-    (``dequantize_at_load``, not a CPU, no kernels) nothing: every tensor is dequantised."""
+    ``weights_gguf_packed``; int8 activations as ``config.gguf_activations`` says); returns
+    the GGUF tensor names installed that way. Otherwise (``gguf_dequantize_at_load``, not a
+    CPU, no kernels) nothing: every tensor is dequantised."""
     kernels = model.decoder_ops.module
     dtype_name = str(model.dtype).removeprefix("torch.")
-    if dequantize_at_load or model.device.type != "cpu" or not kernels_can_pack(kernels):
+    is_cpu = model.device.type == "cpu"
+    if config.gguf_dequantize_at_load or not is_cpu or not kernels_can_pack(kernels):
         model.weight_format = f"gguf dequantised to {dtype_name} at load"
         return set()
-    load = install_packed_linears(model, reader, arch, kernels)
+    is_int8 = config.gguf_activations == "int8"
+    load = install_packed_linears(model, reader, arch, kernels, is_int8)
     model.weight_format = load.describe(model.cpu_path.level)
     logger.info(
         "GGUF weights kept quantised: %s; %d tensors, %.1f MiB packed",

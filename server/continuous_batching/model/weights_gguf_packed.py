@@ -52,21 +52,27 @@ class PackedLoad:
     num_tensors: Counter[str] = field(default_factory=Counter)
     code_bits: set[int] = field(default_factory=set)
     num_bytes: int = 0
+    #: Packed matmuls that quantise their input to int8 (``PackedLinear.is_int8``).
+    is_int8_activations: bool = False
 
-    def add(self, name: str, weight: PackedWeight) -> None:
-        """Record one source tensor packed as ``weight``."""
+    def add(self, name: str, weight: PackedWeight, linear: PackedLinear | ConcatLinear) -> None:
+        """Record one source tensor packed as ``weight``, run by ``linear``."""
         self.consumed.add(name)
         self.num_tensors[weight.source] += 1
         self.code_bits.add(weight.bits)
         self.num_bytes += weight.num_bytes
+        parts = linear.parts if isinstance(linear, ConcatLinear) else [linear]
+        self.is_int8_activations |= any(part.is_int8 for part in parts)
 
     def describe(self, level: str) -> str:
-        """E.g. ``gguf Q4_K, Q6_K (packed int4/int8, avx2)``; ``level``: the kernels' ISA."""
+        """E.g. ``gguf Q4_K, Q6_K (packed int4/int8, avx2, int8 activations)``; ``level``: the
+        kernels' ISA."""
         if not self.num_tensors:
             return "gguf (no tensor of a packable type: dense)"
         types = ", ".join(t for t, _ in self.num_tensors.most_common())
         codes = "/".join(_CODE_WORDS[b] for b in sorted(self.code_bits))
-        return f"gguf {types} (packed {codes}, {level})"
+        activations = ", int8 activations" if self.is_int8_activations else ""
+        return f"gguf {types} (packed {codes}, {level}{activations})"
 
 
 def _rope_heads(name: str, config: ModelArchConfig) -> int | None:
@@ -101,7 +107,10 @@ def _dense_bias(tensor: ReaderTensor | None, config: ModelArchConfig) -> torch.T
 
 
 def _fused_linear(
-    weights: list[PackedWeight], biases: list[torch.Tensor | None], kernels: ModuleType
+    weights: list[PackedWeight],
+    biases: list[torch.Tensor | None],
+    kernels: ModuleType,
+    is_int8: bool,
 ) -> PackedLinear | ConcatLinear:
     """One packed linear over the stacked rows when the layouts agree, else one per part."""
     if any(b is not None for b in biases):
@@ -109,12 +118,17 @@ def _fused_linear(
         biases = [torch.zeros(w.num_rows) if b is None else b for w, b in pairs]
     if len({w.layout_key() for w in weights}) == 1:
         bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
-        return PackedLinear(concat_rows(weights), bias, kernels)
-    return ConcatLinear([PackedLinear(w, b, kernels) for w, b in zip(weights, biases, strict=True)])
+        return PackedLinear(concat_rows(weights), bias, kernels, is_int8)
+    pairs = zip(weights, biases, strict=True)
+    return ConcatLinear([PackedLinear(w, b, kernels, is_int8) for w, b in pairs])
 
 
 def install_packed_linears(
-    model: LlamaForCausalLM, reader: GGUFReader, config: ModelArchConfig, kernels: ModuleType
+    model: LlamaForCausalLM,
+    reader: GGUFReader,
+    config: ModelArchConfig,
+    kernels: ModuleType,
+    is_int8_activations: bool = False,
 ) -> PackedLoad:
     """Replace the model's matmuls whose GGUF tensors are all of packable types by packed
     linears (and the lm_head, when its tensor is); returns what was consumed."""
@@ -131,17 +145,18 @@ def install_packed_linears(
             weights = [packed_weight_of(tensors[n], config) for n in names]
             bias_names = [f"blk.{i}.{part}.bias" for part in parts]
             biases = [_dense_bias(tensors.get(b), config) for b in bias_names]
-            linears[fused] = _fused_linear(weights, biases, kernels)
+            linears[fused] = _fused_linear(weights, biases, kernels, is_int8_activations)
             for name, weight in zip(names, weights, strict=True):
-                load.add(name, weight)
+                load.add(name, weight, linears[fused])
             load.consumed.update(b for b in bias_names if b in tensors)
         layer.replace_linears(linears)  # type: ignore[arg-type]
     head_name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     head = tensors[head_name]
     if head.tensor_type in PACKABLE_TYPES:
         weight = packed_weight_of(head, config)
-        model.replace_lm_head(PackedLinear(weight, None, kernels))
-        load.add(head_name, weight)
+        head_linear = PackedLinear(weight, None, kernels, is_int8_activations)
+        model.replace_lm_head(head_linear)
+        load.add(head_name, weight, head_linear)
         if head_name == "token_embd.weight":
             load.consumed.discard(head_name)  # tied: the embedding still needs its rows
     return load

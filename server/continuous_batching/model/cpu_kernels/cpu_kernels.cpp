@@ -17,6 +17,7 @@
 #include "elementwise.h"
 #include "gemm.h"
 #include "qgemm.h"
+#include "qgemm_i8.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // window: keys at positions > context_len - 1 - window only (0: all); softcap: scores ->
@@ -33,12 +34,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
   m.def("refine_logits", &refine_logits,
         "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly");
-  m.def("quant_linear", &quant_linear,
-        "x [M,K] (bf16/fp32) . W^T (+ bias) with W kept quantised (qgemm.h) -> [M,N] x.dtype",
+  m.def("quant_linear", &quant_linear_any,
+        "x [M,K] (bf16/fp32) . W^T (+ bias) with W kept quantised (qgemm.h) -> [M,N] x.dtype; "
+        "is_int8_activations: x quantised per group to int8 (qgemm_i8.h)",
         py::arg("x"), py::arg("codes"), py::arg("bits"), py::arg("group"),
         py::arg("group_scale"), py::arg("group_offset") = py::none(),
         py::arg("super_scale") = py::none(), py::arg("super_offset") = py::none(),
-        py::arg("bias") = py::none(), py::arg("is_scalar") = false);
+        py::arg("bias") = py::none(), py::arg("is_scalar") = false,
+        py::arg("is_int8_activations") = false);
+#if defined(LLM_SUITE_HAS_QGEMM_I8)
+  m.attr("has_int8_activations") = true;
+#else
+  m.attr("has_int8_activations") = false;
+#endif
 #if defined(LLM_SUITE_HAS_SIMD)
   m.attr("vector_width") = Simd::W;
   m.attr("gemm") = kGemmKind;

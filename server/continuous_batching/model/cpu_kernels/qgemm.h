@@ -449,16 +449,4 @@ at::Tensor quant_linear_impl(const at::Tensor& x, const QuantWeight& w,
   return out;
 }
 
-// y = x . W^T (+ bias) with W packed as described at the top; float32 math, rounded once.
-at::Tensor quant_linear(const at::Tensor& x, const at::Tensor& codes, int64_t bits, int64_t group,
-                        const at::Tensor& group_scale,
-                        const c10::optional<at::Tensor>& group_offset,
-                        const c10::optional<at::Tensor>& super_scale,
-                        const c10::optional<at::Tensor>& super_offset,
-                        const c10::optional<at::Tensor>& bias, bool is_scalar) {
-  const QuantWeight w =
-      quant_weight_of(codes, bits, group, group_scale, group_offset, super_scale, super_offset);
-  return quant_linear_impl(x, w, bias, is_scalar);
-}
-
 }  // namespace

@@ -1,0 +1,224 @@
+// The packed-GGUF matmul (qgemm.h) with int8 activations, as llama.cpp runs its quantised
+// matmuls: each row of x is quantised per weight group (d = max|x| / 127, codes rounded to
+// nearest even), and a group's dot product is integer work: _mm256_maddubs_epi16 of the
+// weight codes (unsigned 4-bit, or |int8| with x's signs moved over) with x's codes, widened
+// by _mm256_madd_epi16, then one float multiply-add with the product of the two scales.
+//   y = sum_g s_g d_g (q_g . xq_g) - sum_g o_g (d_g sum xq_g)
+// which is exactly the float matmul of the dequantised weight with the dequantised x (the
+// reference, ``PackedLinear.reference`` with int8 activations), up to float summation order.
+// A step is 32 elements: one group of 32, or two groups of 16 (8-bit codes only).
+#pragma once
+
+#include "qgemm.h"
+
+namespace {
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define LLM_SUITE_HAS_QGEMM_I8 1
+
+// x [M, K] quantised per group: codes [M, K] int8, scales [M, K/G], and the groups' sums of
+// the dequantised codes [M, K/G] (the offsets' share).
+struct QuantizedRows {
+  std::vector<int8_t> codes;
+  std::vector<float> scale, sum;
+};
+
+QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, int64_t group) {
+  const int64_t ng = k / group;
+  QuantizedRows q{std::vector<int8_t>(m * k), std::vector<float>(m * ng),
+                  std::vector<float>(m * ng)};
+  at::parallel_for(0, m * ng, 64, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g) {
+      const float* xs = x + g * group;
+      float amax = 0.0f;
+      for (int64_t i = 0; i < group; ++i) amax = std::max(amax, std::fabs(xs[i]));
+      const float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t total = 0;
+      for (int64_t i = 0; i < group; ++i) {
+        // nearbyint: round half to even (the default mode), as torch.round in the reference.
+        const float v = std::min(127.0f, std::max(-127.0f, std::nearbyint(xs[i] * inv)));
+        q.codes[g * group + i] = static_cast<int8_t>(v);
+        total += static_cast<int32_t>(v);
+      }
+      q.scale[g] = d;
+      q.sum[g] = d * static_cast<float>(total);
+    }
+  });
+  return q;
+}
+
+inline float hsum256(__m256 v) {
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+
+// Step t's 32 weight codes of one row, ready for maddubs: 4-bit codes as unsigned bytes in
+// element order (low nibbles are elements 0-15, high ones 16-31); 8-bit codes as they are.
+template <int B>
+inline __m256i step_codes(const uint8_t* row, int64_t t) {
+  if constexpr (B == 4) {
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + t * 16));
+    const __m128i mask = _mm_set1_epi8(0x0F);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(raw, 4), mask),
+                            _mm_and_si128(raw, mask));
+  } else {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + t * 32));
+  }
+}
+
+// Eight int32 sums of 4 products each of step codes q with x's codes (elements 4i..4i+3 in
+// lane i). Products fit int16 pairs: 15 * 127 * 2 or 128 * 127 * 2 < 32768.
+template <int B>
+inline __m256i step_dot(__m256i q, __m256i x) {
+  __m256i pairs;
+  if constexpr (B == 4) {
+    pairs = _mm256_maddubs_epi16(q, x);
+  } else {
+    pairs = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(x, q));
+  }
+  return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+}
+
+// The step's scale per lane: one group's s * d, or (G = 16) lanes 0-3 and 4-7 for two groups.
+template <int G>
+inline __m256 step_scale(const float* s, const float* d, int64_t t) {
+  if constexpr (G == 32) return _mm256_set1_ps(s[t] * d[t]);
+  return _mm256_set_m128(_mm_set1_ps(s[2 * t + 1] * d[2 * t + 1]), _mm_set1_ps(s[2 * t] * d[2 * t]));
+}
+
+// R rows of quantised x against NC weight rows from col0: out [R][NC]. ``s``/``o`` hold the NC
+// columns' expanded group scales and offsets, [NC][ng] each.
+template <int R, int NC, int B, int G>
+void quant_i8_block(const QuantWeight& w, const QuantizedRows& xq, int64_t r0, int64_t col0,
+                    const float* s, const float* o, float* out) {
+  const int64_t ng = w.num_groups, k = w.k, steps = k / 32;
+  const uint8_t* codes = w.codes + col0 * w.row_bytes;
+  __m256 acc[R][NC];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
+  for (int64_t t = 0; t < steps; ++t) {
+    __m256i q[NC];
+    for (int c = 0; c < NC; ++c) q[c] = step_codes<B>(codes + c * w.row_bytes, t);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* xr = xq.codes.data() + (r0 + r) * k;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t * 32));
+      const float* d = xq.scale.data() + (r0 + r) * ng;
+      for (int c = 0; c < NC; ++c) {
+        const __m256 dots = _mm256_cvtepi32_ps(step_dot<B>(q[c], xv));
+        acc[r][c] = _mm256_fmadd_ps(dots, step_scale<G>(s + c * ng, d, t), acc[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < NC; ++c) {
+      float y = hsum256(acc[r][c]);
+      if (w.group_offset) y -= dot(o + c * ng, xq.sum.data() + (r0 + r) * ng, ng);
+      out[r * NC + c] = y;
+    }
+}
+
+template <int R, int NC, int B, int G>
+int64_t quant_i8_columns(const QuantWeight& w, const QuantizedRows& xq, int64_t r, int64_t col,
+                         int64_t col1, float* scratch, const QuantOut& sink) {
+  const int64_t ng = w.num_groups;
+  float* s = scratch;
+  float* o = scratch + NC * ng;
+  float ys[R * NC];
+  for (; col + NC <= col1; col += NC) {
+    for (int c = 0; c < NC; ++c) expand_scales(w, col + c, s + c * ng, o + c * ng);
+    quant_i8_block<R, NC, B, G>(w, xq, r, col, s, o, ys);
+    for (int i = 0; i < R; ++i)
+      for (int c = 0; c < NC; ++c) sink.put(r + i, col + c, ys[i * NC + c]);
+  }
+  return col;
+}
+
+// Columns [col, col1) of rows [r, r + rows): NC columns at a time, then one by one, so that
+// every output of the call uses the int8 activations.
+template <int R, int B, int G>
+void quant_i8_tile(const QuantWeight& w, const QuantizedRows& xq, int64_t r, int64_t col,
+                   int64_t col1, float* scratch, const QuantOut& sink) {
+  constexpr int NC = R == 1 ? 4 : 2;  // accumulators: R * NC of the 16 registers
+  col = quant_i8_columns<R, NC, B, G>(w, xq, r, col, col1, scratch, sink);
+  quant_i8_columns<R, 1, B, G>(w, xq, r, col, col1, scratch, sink);
+}
+
+// True when the int8 kernel takes this weight: the vector layouts, K whole steps of 32.
+inline bool int8_layout(const QuantWeight& w) {
+  return w.k % 32 == 0 &&
+         ((w.bits == 4 && w.group == 32) || (w.bits == 8 && (w.group == 32 || w.group == 16)));
+}
+
+void quant_i8_rows(const QuantWeight& w, const QuantizedRows& xq, int64_t r, int64_t rows,
+                   int64_t col, int64_t col1, float* scratch, const QuantOut& sink) {
+  const auto run = [&](auto b, auto g) {
+    constexpr int B = decltype(b)::value, G = decltype(g)::value;
+    switch (rows) {
+      case 4: return quant_i8_tile<4, B, G>(w, xq, r, col, col1, scratch, sink);
+      case 3: return quant_i8_tile<3, B, G>(w, xq, r, col, col1, scratch, sink);
+      case 2: return quant_i8_tile<2, B, G>(w, xq, r, col, col1, scratch, sink);
+      default: return quant_i8_tile<1, B, G>(w, xq, r, col, col1, scratch, sink);
+    }
+  };
+  if (w.bits == 4) return run(std::integral_constant<int, 4>{}, std::integral_constant<int, 32>{});
+  if (w.group == 32) return run(std::integral_constant<int, 8>{}, std::integral_constant<int, 32>{});
+  run(std::integral_constant<int, 8>{}, std::integral_constant<int, 16>{});
+}
+
+// y = x . W^T (+ bias) with int8 activations; the caller checked int8_layout(w).
+at::Tensor quant_linear_i8(const at::Tensor& x, const QuantWeight& w,
+                           const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "x must be [M, K]");
+  const auto xf = x.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0), n = w.n, ng = w.num_groups;
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return out;
+  const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), m, w.k, w.group);
+  at::Tensor bias_f;
+  if (bias && bias->defined()) {
+    TORCH_CHECK(bias->numel() == n, "bias size");
+    bias_f = bias->to(at::kFloat).contiguous();
+  }
+  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
+  const QuantOut sink{is_bf16 ? out.data_ptr<at::BFloat16>() : nullptr,
+                      is_bf16 ? nullptr : out.data_ptr<float>(),
+                      bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, n};
+  at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
+    std::vector<float> scratch(2 * kQuantDecodeColumns * ng);
+    for (int64_t chunk = c0; chunk < c1; ++chunk) {
+      const int64_t col0 = chunk * kQuantColumns, col1 = std::min(n, col0 + kQuantColumns);
+      for (int64_t r = 0; r < m; r += kQuantTileRows)
+        quant_i8_rows(w, xq, r, std::min(kQuantTileRows, m - r), col0, col1, scratch.data(), sink);
+    }
+  });
+  return out;
+}
+#endif
+
+// quant_linear (qgemm.h) with the choice of activations: ``is_int8_activations`` quantises x
+// per group (this file's kernel; where the build has it and the layout allows it, see
+// ``has_int8_activations`` and int8_layout), else float32 activations.
+at::Tensor quant_linear_any(const at::Tensor& x, const at::Tensor& codes, int64_t bits,
+                            int64_t group, const at::Tensor& group_scale,
+                            const c10::optional<at::Tensor>& group_offset,
+                            const c10::optional<at::Tensor>& super_scale,
+                            const c10::optional<at::Tensor>& super_offset,
+                            const c10::optional<at::Tensor>& bias, bool is_scalar,
+                            bool is_int8_activations) {
+  const QuantWeight w =
+      quant_weight_of(codes, bits, group, group_scale, group_offset, super_scale, super_offset);
+  if (!is_int8_activations) return quant_linear_impl(x, w, bias, is_scalar);
+#if defined(LLM_SUITE_HAS_QGEMM_I8)
+  TORCH_CHECK(!is_scalar && int8_layout(w),
+              "int8 activations need 4-bit codes in groups of 32 or 8-bit codes in groups of "
+              "16/32, K a multiple of 32, and the vector kernel");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "x must be float32 or bfloat16");
+  return quant_linear_i8(x, w, bias);
+#else
+  TORCH_CHECK(false, "int8 activations need a build with AVX2 and FMA");
+#endif
+}
+
+}  // namespace
