@@ -7,7 +7,9 @@ writes them).
 * phi3: fused ``attn_qkv`` and ``ffn_up`` holding gate and up (Phi-3's own fused tensors),
   unpermuted; LongRoPE as ``rope_factors_long`` / ``rope_factors_short`` tensors plus
   ``rope.scaling.attn_factor`` and ``rope.scaling.original_context_length``; a partial rotary
-  factor as ``rope.dimension_count`` below the head size; ``attention.sliding_window`` (0: none).
+  factor as ``rope.dimension_count`` below the head size; ``attention.sliding_window`` (0: none);
+* gemma2, gemma3: Gemma's norms, soft caps, sliding layers and attention scale
+  (``weights_gguf_gemma``).
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ import numpy as np
 from gguf import GGUFReader
 
 from .architecture import UnsupportedModelError
+from .weights_gguf_gemma import GEMMA_GGUF, GEMMA_LAYER_NAMES
 
 #: GGUF architecture -> (Hugging Face architecture, our family) of the non-llama ones.
 GGUF_FAMILIES: dict[str, tuple[str, str]] = {
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
     "phi3": ("Phi3ForCausalLM", "phi3"),
+    **{arch: (hf_arch, family) for arch, (hf_arch, family, *_) in GEMMA_GGUF.items()},
 }
 
 #: Per-layer GGUF names of these families that llama's table lacks (the rest are llama's).
@@ -32,8 +36,13 @@ LAYER_NAMES: dict[str, str] = {
     "attn_qkv": "self_attn.qkv_proj",
 }
 
-#: Names that mean something else in one architecture: Phi-3's ``ffn_up`` is gate and up.
-ARCH_LAYER_NAMES: dict[str, dict[str, str]] = {"phi3": {"ffn_up": "mlp.gate_up_proj"}}
+#: Names that mean something else in one family, keyed by our ``model_type`` (the GGUF
+#: architecture but for Gemma 3's "gemma3_text"): Phi-3's ``ffn_up`` is gate and up, Gemma's
+#: ``ffn_norm`` the pre-feed-forward norm.
+ARCH_LAYER_NAMES: dict[str, dict[str, str]] = {
+    "phi3": {"ffn_up": "mlp.gate_up_proj"},
+    **{family: GEMMA_LAYER_NAMES for _, family, *_ in GEMMA_GGUF.values()},
+}
 
 #: GGUF architectures whose q/k rows llama.cpp's converter permutes to interleaved pairs.
 PERMUTED_ARCHITECTURES: tuple[str, ...] = ("llama",)

@@ -40,6 +40,7 @@ from ..quantization.quant_linear import QuantLinear, fuse
 from . import cpu_isa
 from .architecture import ModelArchConfig
 from .families import read_hf_config
+from .gemma import GemmaForCausalLM
 from .llama import LlamaForCausalLM
 from .model_classes import model_class_for
 from .moe_weights import canonical_expert_tensors
@@ -173,6 +174,9 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         )
         skip = _install_gguf_packed(model, reader, arch, config)
         assign_weights(model, iter_gguf(reader, arch, skip))
+        if isinstance(model, GemmaForCausalLM):
+            # llama.cpp's converter wrote Gemma's norms as 1 + w: finalize must not add 1 again.
+            model.is_norm_folded = True
     else:
         arch = read_arch_config(model_path)
         config.check_checkpoint_model_type(arch.model_type)

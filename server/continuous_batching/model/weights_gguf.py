@@ -29,6 +29,7 @@ from gguf.quants import dequantize
 
 from . import gguf_families
 from .architecture import ModelArchConfig, UnsupportedModelError
+from .weights_gguf_gemma import GEMMA_GGUF, with_gguf_gemma
 from .weights_gguf_moe import (
     GGUF_MOE_ARCHITECTURES,
     MOE_LAYER_NAMES,
@@ -121,9 +122,13 @@ def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
         partial_rotary_factor=int(meta("rope.dimension_count", head_dim)) / head_dim,
         sliding_window=gguf_families.sliding_window(reader, arch, context_length),
     )
-    return with_gguf_experts(
-        config, arch, lambda key, d: _field(reader, f"{arch}.{key}", d), tensors
-    )
+
+    def arch_meta(key: str, default: Any) -> Any:
+        return _field(reader, f"{arch}.{key}", default)
+
+    if arch in GEMMA_GGUF:
+        return with_gguf_gemma(config, arch, arch_meta)
+    return with_gguf_experts(config, arch, arch_meta, tensors)
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
