@@ -12,8 +12,10 @@ default, the fused CPU kernels) and timed one family after the other in this pro
 
 * ``decode_step_ms``: the mean of ``--decode-steps`` engine steps once every prompt of the
   batch is prefilled (``--prompt-len`` random tokens each), after an untimed warm-up;
-* ``tok_s`` = batch / step; ``active_params``: the parameters one token's forward multiplies
-  by (the embedding table only as the tied LM head; the routed share of the experts);
+* ``tok_s`` = batch / step; ``active_params``: the parameters the step multiplies by (the
+  embedding table only as the tied LM head; of the experts, the share the batch's tokens
+  touch: top-2 of 4 for one token, and under uniform routing 1 - (1/2)^8 of them, nearly
+  all, for 8 tokens, whose weights are then read once each);
 * ``ms_per_active_b`` = step ms per billion active parameters, and ``vs_llama`` its ratio to
   llama's at the same batch (issue #33's bar: at most 1.2 on a CPU).
 
@@ -84,9 +86,11 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def build_checkpoint(family: str, folder: Path, dtype: torch.dtype, shape: str = "1b") -> int:
+def build_checkpoint(
+    family: str, folder: Path, dtype: torch.dtype, batches: list[int], shape: str = "1b"
+) -> dict[int, int]:
     """Write the family's random checkpoint (~1B, or ``tiny``) to ``folder``; returns its
-    active parameters."""
+    active parameters per batch size."""
     import transformers
 
     class_name, fields = FAMILIES[family]
@@ -99,17 +103,31 @@ def build_checkpoint(family: str, folder: Path, dtype: torch.dtype, shape: str =
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     model.save_pretrained(folder)
-    num_active = active_params(model, config)
+    num_active = {batch: active_params(model, config, batch) for batch in batches}
     del model
     gc.collect()
     return num_active
 
 
-def active_params(model: torch.nn.Module, config: Any) -> int:
-    """Parameters one token's forward multiplies by: the input embedding table is a lookup
-    (counted only as the tied LM head), and experts count by their routed share."""
-    num_experts = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", 0)
-    share = config.num_experts_per_tok / num_experts if num_experts else 1.0
+def num_experts_of(config: Any) -> int:
+    """The experts per MoE layer (0: dense)."""
+    return getattr(config, "num_local_experts", None) or getattr(config, "num_experts", 0) or 0
+
+
+def expert_share(config: Any, batch: int) -> float:
+    """The share of a layer's experts one step multiplies by: top-k of E for one token; for a
+    batch, the expected share of distinct experts its tokens touch under uniform routing,
+    1 - (1 - k/E)^batch (every expert's weights are read once however many tokens use it)."""
+    num_experts = num_experts_of(config)
+    if not num_experts:
+        return 1.0
+    return 1.0 - (1.0 - config.num_experts_per_tok / num_experts) ** batch
+
+
+def active_params(model: torch.nn.Module, config: Any, batch: int = 1) -> int:
+    """Parameters a step of ``batch`` tokens multiplies by: the input embedding table is a
+    lookup (counted only as the tied LM head), and experts count by ``expert_share``."""
+    share = expert_share(config, batch)
     total = 0.0
     for name, param in model.named_parameters(remove_duplicate=False):
         if "embed_tokens" in name and not config.tie_word_embeddings:
@@ -123,7 +141,8 @@ def active_params(model: torch.nn.Module, config: Any) -> int:
 def bench_family(family: str, args: argparse.Namespace, tmp: Path) -> list[dict[str, Any]]:
     """The family's rows, one per batch."""
     folder = tmp / family
-    num_active = build_checkpoint(family, folder, getattr(torch, args.dtype), args.shape)
+    dtype = getattr(torch, args.dtype)
+    num_active = build_checkpoint(family, folder, dtype, args.batches, args.shape)
     bench = EngineBench(folder, args)
     rows = []
     try:
@@ -138,8 +157,8 @@ def bench_family(family: str, args: argparse.Namespace, tmp: Path) -> list[dict[
                 "decode_step_ms": round(step_ms, 2),
                 "decode_step_ms_median": round(steady["decode_step_ms_median"], 2),
                 "tok_s": round(batch * 1e3 / step_ms, 2),
-                "active_params": num_active,
-                "ms_per_active_b": round(step_ms / (num_active / 1e9), 2),
+                "active_params": num_active[batch],
+                "ms_per_active_b": round(step_ms / (num_active[batch] / 1e9), 2),
                 "load_average": load_average(),
             }
             print(json.dumps(row), flush=True)

@@ -42,6 +42,10 @@ def test_the_moe_bodies_are_about_as_active_as_llama(tmp_path: Path) -> None:
         with torch.device("meta"):
             model = transformers.AutoModelForCausalLM.from_config(config)
         counts[family] = families.active_params(model, config)
+        if family == "mixtral":  # 8 tokens touch nearly all 4 experts: their weights are read
+            touched = families.active_params(model, config, batch=8)
+            experts = sum(p.numel() for n, p in model.named_parameters() if ".experts." in n)
+            assert touched - counts[family] == pytest.approx(experts * (0.5 - 0.5**8), rel=1e-6)
     assert counts["llama"] == pytest.approx(1.074e9, rel=0.001)
     assert counts["mixtral"] == pytest.approx(counts["llama"], rel=0.001)
     assert counts["qwen3_moe"] == pytest.approx(counts["llama"], rel=0.001)
