@@ -17,16 +17,24 @@ def test_tiny_run_of_three_families(tmp_path: Path) -> None:
     result = families.main([*argv, "--prompt-len", "8", "--decode-steps", "2", "--out", str(out)])
     assert json.loads(out.read_text()) == result
     rows = {(r["family"], r["batch"]): r for r in result["results"]}
-    # llama is always measured first: it is every ratio's baseline.
     assert [r["family"] for r in result["results"]][::2] == ["llama", "qwen3_moe", "gemma3_hd256"]
     assert set(rows) == {(f, b) for f in ("llama", "qwen3_moe", "gemma3_hd256") for b in (1, 2)}
-    for (_, batch), row in rows.items():
+    # llama is measured first and again right after each family: 3 samples per batch.
+    samples = result["llama_samples"]
+    assert [r["batch"] for r in samples] == [1, 2] * 3
+    for (family, batch), row in rows.items():
         assert row["decode_step_ms"] > 0 and row["tok_s"] == pytest.approx(
             batch * 1e3 / row["decode_step_ms"], rel=0.02
         )
-        expected = row["ms_per_active_b"] / rows[("llama", batch)]["ms_per_active_b"]
+        if family == "llama":
+            assert row["vs_llama"] == 1.0 and row["num_samples"] == 3
+            continue
+        # Each family against the llama sample taken right after it.
+        position = [r["family"] for r in result["results"][2:]].index(family) // 2
+        after = samples[2 * (position + 1) + (batch - 1)]
+        assert row["llama_ms_per_active_b"] == after["ms_per_active_b"]
+        expected = row["ms_per_active_b"] / after["ms_per_active_b"]
         assert row["vs_llama"] == pytest.approx(expected, abs=0.01)
-    assert rows[("llama", 1)]["vs_llama"] == 1.0
 
 
 def test_the_moe_bodies_are_about_as_active_as_llama(tmp_path: Path) -> None:
