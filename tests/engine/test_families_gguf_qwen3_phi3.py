@@ -2,16 +2,16 @@
 folder's, the tensors are the folder's under their names, and the engine running from the GGUF
 gives transformers' greedy tokens (float32).
 
-The Qwen3 GGUF is written by llama.cpp's own converter (``harness.llama_cpp``: the
-llama-cpp-python sdist's ``convert_hf_to_gguf.py``). The Phi-3 GGUF (LongRoPE, partial rotary
-factor 0.75) is written with the ``gguf`` package as llama.cpp's converter writes one
-(``tests.support.tiny_families.write_phi3_gguf``: the converter itself needs a sentencepiece
-tokenizer.model, which the tiny checkpoint lacks).
+Both GGUF files are written by llama.cpp's own converter (``harness.llama_cpp``: the
+llama-cpp-python sdist's ``convert_hf_to_gguf.py``). The Phi-3 one (LongRoPE, partial rotary
+factor 0.75) has its tokenizer declared ``GPT2Tokenizer``, as Phi-4-mini's is: the converter
+then takes the BPE vocabulary instead of asking for Phi-3's sentencepiece ``tokenizer.model``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 
 import pytest
@@ -28,12 +28,7 @@ from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.engine.conftest import assert_no_leak, tokens_of
 from tests.engine.test_families_qwen3_phi3 import TEXTS, build_family, phi3
 from tests.support.default_model import engine_config
-from tests.support.tiny_families import (
-    PHI3_TEMPLATE,
-    hf_greedy_tokens,
-    save_checkpoint,
-    write_phi3_gguf,
-)
+from tests.support.tiny_families import PHI3_TEMPLATE, hf_greedy_tokens, save_checkpoint
 
 NUM_NEW = 24
 
@@ -57,7 +52,11 @@ def phi3_gguf(tmp_path_factory, default_model_path: Path) -> Converted:
     tokenizer = AutoTokenizer.from_pretrained(default_model_path)
     prompts = [tokenizer(t).input_ids for t in TEXTS[:3]]
     expected = [hf_greedy_tokens(hf, p, NUM_NEW) for p in prompts]
-    return Converted(folder, write_phi3_gguf(hf, folder / "tiny-f32.gguf"), prompts, expected)
+    tokenizer_config = folder / "tokenizer_config.json"
+    settings = json.loads(tokenizer_config.read_text())
+    tokenizer_config.write_text(json.dumps({**settings, "tokenizer_class": "GPT2Tokenizer"}))
+    gguf = llama_cpp.convert_hf_to_gguf(folder, folder / "tiny-f32.gguf", outtype="f32")
+    return Converted(folder, gguf, prompts, expected)
 
 
 @pytest.fixture(scope="module")
