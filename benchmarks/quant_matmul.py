@@ -23,7 +23,8 @@ from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
 
 from server.continuous_batching.model import cpu_isa, cpu_kernels
-from server.continuous_batching.quantization.packed_gguf import PackedWeight, repack
+from server.continuous_batching.quantization.packed_gguf import repack
+from server.continuous_batching.quantization.packed_linear import PackedLinear
 
 SHAPES = ((2048, 2048), (2048, 8192), (8192, 2048))  # (K, N)
 BATCHES = (1, 8)
@@ -55,22 +56,6 @@ def _time(call: Callable[[], object], seconds: float) -> float:
     return statistics.median(samples)
 
 
-def _quant_call(
-    kernels, x: torch.Tensor, w: PackedWeight, is_int8: bool = False
-) -> Callable[[], object]:
-    return lambda: kernels.quant_linear(
-        x,
-        w.codes,
-        w.bits,
-        w.group,
-        w.group_scale,
-        w.group_offset,
-        w.super_scale,
-        w.super_offset,
-        is_int8_activations=is_int8,
-    )
-
-
 def run(isa: str, seconds: float) -> None:
     """Print the table for kernels of ``isa``."""
     kernels = cpu_kernels.load(isa)
@@ -90,10 +75,12 @@ def run(isa: str, seconds: float) -> None:
             base = _time(lambda: kernels.bf16_linear(x, packed_bf16, n), seconds)  # noqa: B023
             rows = [("bf16", base, n * k * 2)]
             for name, w in (("Q8_0", q8), ("Q4_K", q4k)):
-                rows.append((name, _time(_quant_call(kernels, x, w), seconds), w.num_bytes))
-                if getattr(kernels, "has_int8_activations", False):
-                    call = _quant_call(kernels, x, w, is_int8=True)
-                    rows.append((f"{name}i8", _time(call, seconds), w.num_bytes))
+                linear = PackedLinear(w, None, kernels)
+                rows.append((name, _time(lambda: linear(x), seconds), w.num_bytes))  # noqa: B023
+                int8 = PackedLinear(w, None, kernels, is_int8_activations=True)
+                if int8.is_int8:
+                    seconds_i8 = _time(lambda: int8(x), seconds)  # noqa: B023
+                    rows.append((f"{name}i8", seconds_i8, w.num_bytes))
             for name, sec, num_bytes in rows:
                 ratio = base / sec
                 print(

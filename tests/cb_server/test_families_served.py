@@ -12,13 +12,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from harness.servers import ServerThread, gateway_served
-from server.common.app import create_server_app
-from server.common.service import ServingSettings
-from server.continuous_batching.async_engine import AsyncEngine
-from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.runner.model_runner import ModelRunner
-from tests.support.default_model import engine_config
+from harness.servers import gateway_served
+from tests.support.served_engine import served_checkpoint
 from tests.support.tiny_checkpoints import TINY_FAMILIES, write_tiny_checkpoint
 
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -35,18 +30,11 @@ def family_served(
     family = request.param
     folder = tmp_path_factory.mktemp(f"tiny_{family}")
     write_tiny_checkpoint(TINY_FAMILIES[family](), folder, default_model_path)
-    config = engine_config(folder, num_blocks=64, num_blocks_cpu=0)
-    engine = LLMEngine(config, runner=ModelRunner(config))
-    settings = ServingSettings(served_model_names=[family], default_max_new_tokens=8)
-    server = ServerThread(create_server_app(AsyncEngine(engine, family), settings))
-    server.start(timeout_seconds=60)
-    try:
+    with served_checkpoint(folder, family) as server:
         for gateway in gateway_served(
             tmp_path_factory.mktemp("gateway"), continuous_batching_server_urls=[server.url]
         ):
             yield family, gateway.url, folder
-    finally:
-        server.stop()
 
 
 def transformers_answer(folder: Path) -> str:

@@ -15,13 +15,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from harness.servers import ServerThread
-from server.common.app import create_server_app
-from server.common.service import ServingSettings
-from server.continuous_batching.async_engine import AsyncEngine
-from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.runner.model_runner import ModelRunner
-from tests.support.default_model import engine_config
+from tests.support.served_engine import served_checkpoint
 from tests.support.tiny_checkpoints import TINY_FAMILIES, write_tiny_checkpoint
 from tests.support.tiny_families import hf_greedy_tokens
 
@@ -80,17 +74,10 @@ def served(
     eos_ids = [int(tokenizer.eos_token_id), expected[stop_at]]
     generation = {"bos_token_id": 1, "eos_token_id": eos_ids}
     (folder / "generation_config.json").write_text(json.dumps(generation))
-    engine_settings = engine_config(folder, num_blocks=64, num_blocks_cpu=0)
-    engine = LLMEngine(engine_settings, runner=ModelRunner(engine_settings))
-    settings = ServingSettings(served_model_names=[family], default_max_new_tokens=8)
-    server = ServerThread(create_server_app(AsyncEngine(engine, family), settings))
-    server.start(timeout_seconds=60)
-    sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=60)
-    try:
-        yield family, sdk, prompt, stop_at + 1
-    finally:
-        sdk.close()
-        server.stop()
+    with served_checkpoint(folder, family) as server:
+        url = f"{server.url}/v1"
+        with openai.OpenAI(base_url=url, api_key="x", max_retries=0, timeout=60) as sdk:
+            yield family, sdk, prompt, stop_at + 1
 
 
 def test_the_answer_stops_at_the_second_eos_id(

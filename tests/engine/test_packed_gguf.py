@@ -76,6 +76,12 @@ def _reference(x: torch.Tensor, weight, bias: torch.Tensor | None) -> torch.Tens
     return out if bias is None else out + bias.double()
 
 
+def _quant_linear(kernels, x: torch.Tensor, weight, bias: torch.Tensor, **flags: bool):
+    """The kernel called directly (not through ``PackedLinear``, whose choices it tests)."""
+    parts = (weight.codes, weight.bits, weight.group, weight.group_scale, weight.group_offset)
+    return kernels.quant_linear(x, *parts, weight.super_scale, weight.super_offset, bias, **flags)
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 @pytest.mark.parametrize("rows", [1, 3, 9], ids=lambda m: f"m{m}")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -91,18 +97,7 @@ def test_quant_linear_matches_float64(kernels, qtype, rows, dtype) -> None:
     tolerance = 2e-5 if dtype == torch.float32 else 8e-3  # bf16: the output's own rounding
     scale = expected.abs().max().item()
     for is_scalar in (False, True):
-        got = kernels.quant_linear(
-            x,
-            weight.codes,
-            weight.bits,
-            weight.group,
-            weight.group_scale,
-            weight.group_offset,
-            weight.super_scale,
-            weight.super_offset,
-            bias,
-            is_scalar,
-        )
+        got = _quant_linear(kernels, x, weight, bias, is_scalar=is_scalar)
         assert got.dtype == dtype and got.shape == (rows, 21)
         assert (got.double() - expected).abs().max().item() <= tolerance * scale, is_scalar
 
@@ -134,13 +129,11 @@ def test_int8_activations_match_the_quantised_x_in_float64(kernels, qtype, rows,
     x = torch.randn(rows, weight.in_features, generator=gen).to(dtype)
     x[0, : weight.group] = 0.0  # an all-zero group: scale 0, no division by zero
     bias = torch.randn(21, generator=gen)
-    args = (weight.codes, weight.bits, weight.group, weight.group_scale, weight.group_offset)
-    args += (weight.super_scale, weight.super_offset, bias)
     if not kernels.has_int8_activations:  # the generic build: refused, by name
         with pytest.raises(RuntimeError, match="int8 activations need a build with AVX2"):
-            kernels.quant_linear(x, *args, is_int8_activations=True)
+            _quant_linear(kernels, x, weight, bias, is_int8_activations=True)
         return
-    got = kernels.quant_linear(x, *args, is_int8_activations=True)
+    got = _quant_linear(kernels, x, weight, bias, is_int8_activations=True)
     x_used = quantize_activations(x, weight.group)
     expected = _reference(x_used, weight, bias)
     tolerance = 2e-5 if dtype == torch.float32 else 8e-3

@@ -298,6 +298,21 @@ struct QuantOut {
   }
 };
 
+// The call's bias as float32 (undefined: none), checked against the n outputs.
+inline at::Tensor float_bias(const c10::optional<at::Tensor>& bias, int64_t n) {
+  if (!bias || !bias->defined()) return at::Tensor();
+  TORCH_CHECK(bias->numel() == n, "bias size");
+  return bias->to(at::kFloat).contiguous();
+}
+
+// Where a call writes ``out`` [m, n] (its dtype bf16 or float32), ``bias_f`` added.
+inline QuantOut sink_of(const at::Tensor& out, const at::Tensor& bias_f) {
+  const bool is_bf16 = out.scalar_type() == at::kBFloat16;
+  return QuantOut{is_bf16 ? out.data_ptr<at::BFloat16>() : nullptr,
+                  is_bf16 ? nullptr : out.data_ptr<float>(),
+                  bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, out.size(1)};
+}
+
 #if defined(LLM_SUITE_HAS_SIMD)
 // Vector v (of G / W) of a group's codes as floats: the M > 1 kernel unpacks one at a time.
 template <int B, int G>
@@ -414,15 +429,8 @@ at::Tensor quant_linear_impl(const at::Tensor& x, const QuantWeight& w,
   if (m == 0 || n == 0) return out;
   // Per-group sums of x: the offsets' share of each output, one dot per column.
   const auto xsum = xf.view({m, ng, w.group}).sum(-1).contiguous();
-  at::Tensor bias_f;
-  if (bias && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias size");
-    bias_f = bias->to(at::kFloat).contiguous();
-  }
-  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
-  const QuantOut sink{is_bf16 ? out.data_ptr<at::BFloat16>() : nullptr,
-                      is_bf16 ? nullptr : out.data_ptr<float>(),
-                      bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, n};
+  const at::Tensor bias_f = float_bias(bias, n);
+  const QuantOut sink = sink_of(out, bias_f);
   const float* a = xf.data_ptr<float>();
   const float* sums = xsum.data_ptr<float>();
   const int64_t tile = is_scalar ? 1 : kQuantTileRows;

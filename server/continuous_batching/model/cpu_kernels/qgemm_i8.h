@@ -175,15 +175,8 @@ at::Tensor quant_linear_i8(const at::Tensor& x, const QuantWeight& w,
   auto out = at::empty({m, n}, x.options());
   if (m == 0 || n == 0) return out;
   const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), m, w.k, w.group);
-  at::Tensor bias_f;
-  if (bias && bias->defined()) {
-    TORCH_CHECK(bias->numel() == n, "bias size");
-    bias_f = bias->to(at::kFloat).contiguous();
-  }
-  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
-  const QuantOut sink{is_bf16 ? out.data_ptr<at::BFloat16>() : nullptr,
-                      is_bf16 ? nullptr : out.data_ptr<float>(),
-                      bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, n};
+  const at::Tensor bias_f = float_bias(bias, n);
+  const QuantOut sink = sink_of(out, bias_f);
   at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
     std::vector<float> scratch(2 * kQuantDecodeColumns * ng);
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
