@@ -78,7 +78,10 @@ def run_hf(model: Any, prompts: list[list[int]], new_tokens: int) -> None:
 def measure_hf(model: Any, batch: int, args: argparse.Namespace) -> dict[str, float]:
     """End-to-end tok/s and the decode step of one batch (after a warm-up)."""
     prompts = random_prompts(batch, args.prompt_len)
-    run_hf(model, prompts, 2)  # warm-up: compiled, graphs captured, cache allocated
+    # Warm-up with the timed runs' own lengths: the static cache is sized by the first run's
+    # length and a later, longer run re-sizes it and recompiles inside the timing.
+    run_hf(model, prompts, args.new_tokens)
+    run_hf(model, prompts, 1)
     total = timed(lambda: run_hf(model, prompts, args.new_tokens), args.device)
     first = timed(lambda: run_hf(model, prompts, 1), args.device)
     step_ms = (total - first) / max(1, args.new_tokens - 1) * 1e3

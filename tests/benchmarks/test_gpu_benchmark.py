@@ -100,3 +100,15 @@ def test_tiny_shape_runs_end_to_end_on_the_cpu(tmp_path: Path) -> None:
     assert not rows[2]["compiled"]  # transformers compiles on cuda only
     assert {r["versus"] for r in result["ratios"]} == {"hf-compile"}
     assert out.with_suffix(".png").stat().st_size > 0
+
+
+def test_step_profile_names_the_engine_step(capsys) -> None:
+    """The host-time profile (benchmarks.step_profile) runs on a CPU and its tables cover
+    exactly the requested steps of ``LLMEngine.step``."""
+    from benchmarks import step_profile
+
+    step_profile.main(["--shape", "tiny", "--batch", "3", "--device", "cpu", "--steps", "2"])
+    printed = capsys.readouterr().out
+    assert "--- per 2 steps, by tottime ---" in printed
+    step_lines = [line for line in printed.splitlines() if "engine.py" in line and "(step)" in line]
+    assert step_lines and step_lines[0].split()[0] == "3"  # 2 timed + the prefill step

@@ -200,10 +200,11 @@ class Scheduler:
 
     def _resume_swapped(self, out: SchedulerOutput, budget: list[int], done: set[int]) -> None:
         bm = self.block_manager
+        num_running_beams = self._num_running_beams()  # counted once: O(running) per step
         while self.swapped:
             group = self.swapped[0]
             seqs = group.live_seqs
-            if self._num_running_beams() + group.num_workload_beams > self.batch_max_beams:
+            if num_running_beams + group.num_workload_beams > self.batch_max_beams:
                 return
             # The blocks coming back plus one new block per sequence for its next token.
             if not bm.can_allocate(bm.num_blocks_to_swap_in(seqs) + len(seqs), is_admission=True):
@@ -212,6 +213,7 @@ class Scheduler:
             out.block_ops.swap_in.update(bm.swap_in(seqs))
             group.status = GroupStatus.RUNNING
             self.running.append(group)
+            num_running_beams += group.num_workload_beams
             plan = _plan(group, budget[0])
             if plan is not None:
                 self._commit(group, plan, out, budget)
@@ -219,9 +221,10 @@ class Scheduler:
 
     def _admit_waiting(self, out: SchedulerOutput, budget: list[int]) -> None:
         bm = self.block_manager
+        num_running_beams = self._num_running_beams()
         while self.waiting and budget[0] > 0:
             group = self.waiting[0]
-            if self._num_running_beams() + group.num_workload_beams > self.batch_max_beams:
+            if num_running_beams + group.num_workload_beams > self.batch_max_beams:
                 return
             if not group.is_scoring_prompt:  # scoring needs every prompt position's logits
                 for seq in group.live_seqs:
@@ -236,6 +239,7 @@ class Scheduler:
             self.waiting.popleft()
             group.status = GroupStatus.RUNNING
             self.running.append(group)
+            num_running_beams += group.num_workload_beams
             self._commit(group, plan, out, budget)
 
     def on_step_done(self, out: SchedulerOutput) -> None:
