@@ -51,6 +51,12 @@ def add_serve_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument("--dtype", choices=["bfloat16", "float32", "float16"], help="torch dtype")
     serve.add_argument("--device", help="cpu (default) or cuda")
     serve.add_argument("--threads", type=int, help="torch threads of the CB server")
+    serve.add_argument(
+        "--quantization",
+        choices=["int8", "int4", "gptq"],
+        help="int8 / int4: quantise a dense MODEL at load (Q8_0 / Q4_1, CPU kernels); gptq: "
+        "MODEL is a GPTQ folder (detected anyway)",
+    )
     serve.add_argument("--served-model-name", help="model id clients use (default: from MODEL)")
     serve.add_argument(
         "--api-key",
@@ -88,6 +94,7 @@ def server_config(args: argparse.Namespace) -> dict[str, Any]:
         "torch_dtype": args.dtype,
         "device": args.device,
         "num_threads": args.threads,
+        "quantize_method": args.quantization,
         "served_model_name": args.served_model_name,
     }
     loading.update({key: value for key, value in flags.items() if value is not None})

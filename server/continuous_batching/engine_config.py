@@ -67,8 +67,12 @@ class ModelLoadingConfig(ConfigSection):
         description="lets the tokenizer run code shipped with the checkpoint (a custom tokenizer "
         "class); the model itself always runs the engine's own llama code, never checkpoint code",
     )
-    quantize_method: Literal["gptq"] | None = Field(
-        default=None, description="gptq: int4 GPTQ folder (also detected from its config)"
+    quantize_method: Literal["gptq", "int8", "int4"] | None = Field(
+        default=None,
+        description="gptq: an int4 GPTQ folder (also detected from its config); int8 / int4: "
+        "quantise a dense checkpoint at load (llama.cpp's Q8_0 / Q4_1 for the layers' matmuls, "
+        "Q8_0 for the lm_head), kept packed for the CPU kernels: about half / a quarter of the "
+        "matmul bytes; CPU only",
     )
     gptq_model_base_name: str | None = Field(
         default=None, description="GPTQ weights file without .safetensors (default: all)"
@@ -222,8 +226,20 @@ class EngineConfig(ConfigSection):
     @model_validator(mode="after")
     def _check(self) -> EngineConfig:
         loading = self.model_loading_config
-        if loading.quantize_method == "gptq" and loading.gguf_path is not None:
+        method = loading.quantize_method
+        if method == "gptq" and loading.gguf_path is not None:
             raise ValueError(
                 "model_loading_config.quantize_method: gptq needs a GPTQ folder, not a GGUF file"
             )
+        if method in ("int8", "int4"):
+            if loading.gguf_path is not None:
+                raise ValueError(
+                    f"model_loading_config.quantize_method: {method} quantises a dense "
+                    "checkpoint at load; a GGUF file is quantised already (its own types run)"
+                )
+            if not loading.device.startswith("cpu"):
+                raise ValueError(
+                    f"model_loading_config.quantize_method: {method} runs on the CPU kernels; "
+                    f"on {loading.device} serve a GPTQ checkpoint (quantize_method: gptq)"
+                )
         return self

@@ -159,12 +159,13 @@ def test_a_full_config_keeps_its_relative_paths_and_flags_override_it(tmp_path: 
     config.write_text(json.dumps({"model_loading_config": loading, "cache_config": {"x": 1}}))
     args = argparse.Namespace(
         config=str(config), model=None, dtype="bfloat16", device=None, threads=None,
-        served_model_name=None,
+        served_model_name=None, quantization="int4",
     )  # fmt: skip
     written = server_config(args)
     assert written["model_loading_config"] == {
         "model_name_or_path": str(tmp_path / "models" / "m"),  # beside the config's folder
         "torch_dtype": "bfloat16",
         "num_threads": 4,
+        "quantize_method": "int4",  # --quantization
     }
     assert written["cache_config"] == {"x": 1}

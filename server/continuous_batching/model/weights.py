@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable, Iterator
 from itertools import chain
 from pathlib import Path
@@ -44,6 +45,7 @@ from .gemma import GemmaForCausalLM
 from .llama import LlamaForCausalLM
 from .model_classes import model_class_for
 from .moe_weights import canonical_expert_tensors
+from .weights_at_load import AT_LOAD_TYPES, quantize_at_load
 from .weights_gguf import iter_gguf, open_gguf, read_gguf_config
 from .weights_gguf_packed import install_packed_linears
 
@@ -193,6 +195,13 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         if gptq is None:
             assign_weights(model, iter_safetensors(model_path))
             model.weight_format = f"{dtype_name} dense"
+            if config.quantize_method in AT_LOAD_TYPES:
+                _quantize_at_load(model, config.quantize_method)
+        elif config.quantize_method in AT_LOAD_TYPES:
+            raise WeightLoadError(
+                f"quantize_method is {config.quantize_method} but {model_path} is a GPTQ "
+                "checkpoint (quantised already): leave quantize_method out, or set gptq"
+            )
         else:
             files = gptq_files(model_path, config.gptq_model_base_name)
             _load_gptq(model, files, gptq, dequantize_at_load=config.gptq_dequantize_at_load)
@@ -226,6 +235,23 @@ def _install_gguf_packed(
         load.num_bytes / 2**20,
     )
     return load.consumed
+
+
+def _quantize_at_load(model: LlamaForCausalLM, method: str) -> None:
+    """``quantize_method`` int8 / int4 on a dense checkpoint (``weights_at_load``)."""
+    start = time.perf_counter()
+    result = quantize_at_load(model, method)
+    dtype_name = str(model.dtype).removeprefix("torch.")
+    model.weight_format = result.describe(model.cpu_path.level, dtype_name)
+    logger.info(
+        "quantised at load in %.1f s: %s; %d tensors, %.1f MiB (%.1f MiB at %s)",
+        time.perf_counter() - start,
+        model.weight_format,
+        result.num_tensors,
+        (result.num_bytes if result.is_packed else result.num_dense_bytes) / 2**20,
+        result.num_dense_bytes / 2**20,
+        dtype_name,
+    )
 
 
 def _load_gptq(
