@@ -67,6 +67,18 @@ inline __m256i step_codes(const uint8_t* row, int64_t t) {
   }
 }
 
+// Steps t and t + 1 of 4-bit codes from one 32-byte load (two groups' 16 bytes each): one
+// load and one mask for 64 weights, where step_codes takes a load, a shift, two masks and an
+// insert for 32 (the decode matmul was bound by those ops, not by memory).
+inline void step_codes_pair(const uint8_t* row, int64_t t, __m256i& q0, __m256i& q1) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + t * 16));
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i lo = _mm256_and_si256(raw, mask);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+  q0 = _mm256_permute2x128_si256(lo, hi, 0x20);  // group t: elements 0-15, then 16-31
+  q1 = _mm256_permute2x128_si256(lo, hi, 0x31);  // group t + 1
+}
+
 // Eight int32 sums of 4 products each of step codes q with x's codes (elements 4i..4i+3 in
 // lane i). Products fit int16 pairs: 15 * 127 * 2 or 128 * 127 * 2 < 32768.
 template <int B>
@@ -97,7 +109,26 @@ void quant_i8_block(const QuantWeight& w, const QuantizedRows& xq, int64_t r0, i
   __m256 acc[R][NC];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
-  for (int64_t t = 0; t < steps; ++t) {
+  int64_t t = 0;
+  if constexpr (B == 4) {
+    for (; t + 2 <= steps; t += 2) {
+      __m256i q0[NC], q1[NC];
+      for (int c = 0; c < NC; ++c) step_codes_pair(codes + c * w.row_bytes, t, q0[c], q1[c]);
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = xq.codes.data() + (r0 + r) * k + t * 32;
+        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
+        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 32));
+        const float* d = xq.scale.data() + (r0 + r) * ng;
+        for (int c = 0; c < NC; ++c) {
+          const __m256 dots0 = _mm256_cvtepi32_ps(step_dot<B>(q0[c], x0));
+          const __m256 dots1 = _mm256_cvtepi32_ps(step_dot<B>(q1[c], x1));
+          acc[r][c] = _mm256_fmadd_ps(dots0, step_scale<G>(s + c * ng, d, t), acc[r][c]);
+          acc[r][c] = _mm256_fmadd_ps(dots1, step_scale<G>(s + c * ng, d, t + 1), acc[r][c]);
+        }
+      }
+    }
+  }
+  for (; t < steps; ++t) {
     __m256i q[NC];
     for (int c = 0; c < NC; ++c) q[c] = step_codes<B>(codes + c * w.row_bytes, t);
     for (int r = 0; r < R; ++r) {
