@@ -83,6 +83,13 @@ class ModelLoadingConfig(ConfigSection):
     gptq_dequantize_at_load: bool = Field(
         default=False, description="dense weights at load: faster, but no int4 memory saving"
     )
+    gptq_cpu_kernel: Literal["auto", "torch", "packed"] = Field(
+        default="auto",
+        description="GPTQ int4 matmuls on a CPU: torch's int4 kernel, or packed: repacked exactly "
+        "into the GGUF kernels' layout (float or int8 activations, as gguf_activations says); "
+        "auto: torch's where it applies (bf16/fp16, groups of 32-256 that divide the input), "
+        "else packed (where torch would dequantise the layer on every call)",
+    )
     gguf_dequantize_at_load: bool = Field(
         default=False,
         description="GGUF: dequantise every tensor to torch_dtype at load (the plain path) "
@@ -90,10 +97,11 @@ class ModelLoadingConfig(ConfigSection):
     )
     gguf_activations: Literal["float", "int8"] = Field(
         default="float",
-        description="GGUF weights kept packed: float keeps each matmul's input in float32 (the "
-        "plain path's numbers); int8 quantises it per weight group as llama.cpp does (integer "
-        "dot products, 1.1-1.6x the float kernel's speed; each value off by up to 1/254 of its "
-        "group's largest, which derails a model as small as SmolLM2-135M)",
+        description="GGUF weights kept packed (also int8/int4 at load and packed GPTQ): float "
+        "keeps each matmul's input in float32 (the plain path's numbers); int8 quantises it "
+        "per weight group as llama.cpp does (integer dot products, 1.1-1.6x the float "
+        "kernel's speed; each value off by up to 1/254 of its group's largest, which derails "
+        "a model as small as SmolLM2-135M)",
     )
     gguf_file: str | None = Field(
         default=None,

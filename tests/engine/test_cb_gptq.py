@@ -38,10 +38,15 @@ from server.continuous_batching.quantization import (
 CPU = torch.device("cpu")
 
 
+#: These tests pin down the QuantLinear path (torch's int4 kernel and its portable fallback);
+#: the packed one is tests/engine/test_gptq_packed.py.
+TORCH_INT4 = {"gptq_cpu_kernel": "torch"}
+
+
 def loading(path: Path, **options: object) -> ModelLoadingConfig:
     """The model_loading_config of a checkpoint on the CPU (float32 unless told)."""
     return ModelLoadingConfig.model_validate(
-        {"model_name_or_path": str(path), "torch_dtype": "float32", **options}
+        {"model_name_or_path": str(path), "torch_dtype": "float32", **TORCH_INT4, **options}
     )
 
 
@@ -184,6 +189,7 @@ def test_engine_greedy_matches_transformers(v1_checkpoint, hf_ref) -> None:
                 "model_name_or_path": str(folder),
                 "torch_dtype": "float32",
                 "quantize_method": "gptq",
+                **TORCH_INT4,
             },
             "cache_config": {"num_blocks": 64, "num_blocks_cpu": 0},
         }

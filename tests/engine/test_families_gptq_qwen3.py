@@ -12,7 +12,7 @@ from transformers import Qwen3ForCausalLM
 from harness.gptq_writer import write_checkpoint
 from protocol.generation import GenerationConfig
 from server.continuous_batching.engine import LLMEngine
-from server.continuous_batching.quantization.quant_linear import QuantLinear
+from server.continuous_batching.quantization.packed_linear import PackedLinear
 from tests.engine.conftest import tokens_of
 from tests.engine.test_families_qwen3_phi3 import build_family, level_config
 from tests.support.cpu_paths import runnable_levels
@@ -39,7 +39,8 @@ def test_gptq_qwen3_matches_dequantised_transformers(
     config.model_loading_config.quantize_method = "gptq"
     engine = LLMEngine(config)
     layer = engine.runner.model.layers[0]
-    assert isinstance(layer.qkv, QuantLinear) and isinstance(layer.gate_up, QuantLinear)
+    # gptq_cpu_kernel auto: torch has no float32 int4 kernel, so the packed kernels run.
+    assert isinstance(layer.qkv, PackedLinear) and isinstance(layer.gate_up, PackedLinear)
     torch.testing.assert_close(layer.q_norm, reference["model.layers.0.self_attn.q_norm.weight"])
     configs = [GenerationConfig(max_new_tokens=NUM_NEW, ignore_eos=True)] * 3
     results = engine.generate(family.prompts[:3], configs)

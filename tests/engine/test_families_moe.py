@@ -49,7 +49,7 @@ from server.continuous_batching.model.weights import (
     load_model,
     safetensors_files,
 )
-from server.continuous_batching.quantization.quant_linear import QuantLinear
+from server.continuous_batching.quantization.packed_linear import PackedLinear
 from tests.engine.conftest import assert_no_leak, tokens_of
 from tests.support.cpu_paths import kernel_levels, runnable_levels
 
@@ -350,7 +350,7 @@ def test_mixtral_sliding_window_shorter_than_the_context_is_refused() -> None:
 
 def test_gptq_checkpoint_matches_dequantised_transformers(checkpoint, tmp_path) -> None:
     # AutoGPTQ's layout (harness.gptq_writer) from the Hub-named tensors: attention runs as
-    # int4 QuantLinear; quantised experts (Qwen3-MoE's *_proj; Mixtral's w1/w2/w3 stay
+    # int4 (packed at float32); quantised experts (Qwen3-MoE's *_proj; Mixtral's w1/w2/w3 stay
     # float16 as the writer knows only the llama names) are dequantised at load.
     staging, folder, reference_dir = (tmp_path / n for n in ("staging", "gptq", "reference"))
     for d in (staging, folder, reference_dir):
@@ -376,7 +376,8 @@ def test_gptq_checkpoint_matches_dequantised_transformers(checkpoint, tmp_path) 
         }
     )
     engine = LLMEngine(config)
-    assert isinstance(engine.runner.model.layers[0].qkv, QuantLinear)
+    # gptq_cpu_kernel auto: float32 has no torch int4 kernel, so the packed kernels run.
+    assert isinstance(engine.runner.model.layers[0].qkv, PackedLinear)
     assert generate(engine, checkpoint.prompts[:3]) == expected
 
 

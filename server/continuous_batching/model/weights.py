@@ -36,6 +36,7 @@ from ..quantization.gptq import (
     read_gptq_config,
     split_gptq_checkpoint,
 )
+from ..quantization.gptq_packed import GPTQPacking
 from ..quantization.packed_linear import kernels_can_pack
 from ..quantization.quant_linear import QuantLinear, fuse
 from . import cpu_isa
@@ -196,7 +197,7 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
             assign_weights(model, iter_safetensors(model_path))
             model.weight_format = f"{dtype_name} dense"
             if config.quantize_method in AT_LOAD_TYPES:
-                _quantize_at_load(model, config.quantize_method)
+                _quantize_at_load(model, config.quantize_method, config)
         elif config.quantize_method in AT_LOAD_TYPES:
             raise WeightLoadError(
                 f"quantize_method is {config.quantize_method} but {model_path} is a GPTQ "
@@ -204,8 +205,16 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
             )
         else:
             files = gptq_files(model_path, config.gptq_model_base_name)
-            _load_gptq(model, files, gptq, dequantize_at_load=config.gptq_dequantize_at_load)
+            packing = _gptq_packing(model, config)
+            num_packed, num_torch = _load_gptq(
+                model, files, gptq, config.gptq_dequantize_at_load, packing
+            )
             kept = "dequantised at load" if config.gptq_dequantize_at_load else "int4 QuantLinear"
+            if packing is not None and num_packed:
+                activations = ", int8 activations" if packing.is_int8_activations else ""
+                kept = f"int4 packed ({model.cpu_path.level}{activations})"
+                if num_torch:
+                    kept = f"int4 QuantLinear ({num_torch} matmuls) and {kept} ({num_packed})"
             model.weight_format = f"gptq {kept}, {dtype_name} dense elsewhere"
     model.finalize()
     model.eval()
@@ -237,10 +246,10 @@ def _install_gguf_packed(
     return load.consumed
 
 
-def _quantize_at_load(model: LlamaForCausalLM, method: str) -> None:
+def _quantize_at_load(model: LlamaForCausalLM, method: str, config: ModelLoadingConfig) -> None:
     """``quantize_method`` int8 / int4 on a dense checkpoint (``weights_at_load``)."""
     start = time.perf_counter()
-    result = quantize_at_load(model, method)
+    result = quantize_at_load(model, method, config.gguf_activations == "int8")
     dtype_name = str(model.dtype).removeprefix("torch.")
     model.weight_format = result.describe(model.cpu_path.level, dtype_name)
     logger.info(
@@ -254,13 +263,32 @@ def _quantize_at_load(model: LlamaForCausalLM, method: str) -> None:
     )
 
 
+def _gptq_packing(model: LlamaForCausalLM, config: ModelLoadingConfig) -> GPTQPacking | None:
+    """The packed kernels for GPTQ layers when ``gptq_cpu_kernel`` asks and they run here."""
+    kernels = model.decoder_ops.module
+    if config.gptq_cpu_kernel == "torch" or model.device.type != "cpu":
+        return None
+    if not kernels_can_pack(kernels):
+        if config.gptq_cpu_kernel == "packed":
+            logger.warning("gptq_cpu_kernel packed: no packed kernels on this path; torch runs")
+        return None
+    is_auto = config.gptq_cpu_kernel == "auto"
+    return GPTQPacking(kernels, config.gguf_activations == "int8", is_auto, model.dtype)
+
+
 def _load_gptq(
-    model: LlamaForCausalLM, files: list[Path], gptq: GPTQConfig, dequantize_at_load: bool
-) -> None:
+    model: LlamaForCausalLM,
+    files: list[Path],
+    gptq: GPTQConfig,
+    dequantize_at_load: bool,
+    packing: GPTQPacking | None = None,
+) -> tuple[int, int]:
     """Fill the model from a GPTQ checkpoint: a layer's four matmuls as int4 ``QuantLinear``s
-    (unless ``dequantize_at_load``), any other quantised tensor (e.g. a quantised lm_head)
-    dequantised, and everything through ``assign_weights``."""
+    (or packed linears with ``packing``; unless ``dequantize_at_load``), any other quantised
+    tensor (e.g. a quantised lm_head) dequantised, and everything through ``assign_weights``.
+    Returns how many fused matmuls went packed and how many to ``QuantLinear``."""
     quantized, dense_names = split_gptq_checkpoint(files)
+    num_packed = num_torch = 0
     logger.info("GPTQ checkpoint: %d quantised layers, %s", len(quantized), gptq)
     for i, layer in enumerate([] if dequantize_at_load else model.layers):
         linears = {}
@@ -269,16 +297,27 @@ def _load_gptq(
             found = [p for p in prefixes if p in quantized]
             if found and len(found) != len(prefixes):
                 raise WeightLoadError(f"only some of the fused layers {prefixes} are quantised")
+            parts = [quantized[p] for p in prefixes] if found else []
+            if parts and packing is not None and packing.takes(parts, gptq):
+                linear = packing.linear(parts, gptq)
+                if linear is not None:
+                    for p in prefixes:
+                        del quantized[p]
+                    linears[name] = linear
+                    num_packed += 1
+                    continue
             if found:
-                parts = [
+                num_torch += 1
+                int4_parts = [
                     QuantLinear.from_gptq(quantized.pop(p), gptq, model.dtype, model.device)
                     for p in prefixes
                 ]
-                linears[name] = fuse(parts)
+                linears[name] = fuse(int4_parts)
         layer.replace_linears(linears)
     # The rest gets dense weights: the dense matmul path (with CPU prepacking) is the fastest,
     # at the memory of the compute dtype.
     assign_weights(model, chain(_dequantized(quantized, gptq), _read_tensors(dense_names)))
+    return num_packed, num_torch
 
 
 def _dequantized(

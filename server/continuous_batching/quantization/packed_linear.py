@@ -49,6 +49,9 @@ class PackedLinear:
     (integer dot products; about twice the speed of the float kernel), where the kernels and
     the weight's layout allow it (``self.is_int8``); the reference path quantises x the same
     way, so both paths compute the same product.
+
+    ``input_order``: the weight's columns are the input's channels in this order (a GPTQ
+    act-order layer, its channels sorted by group): x is permuted to it first.
     """
 
     def __init__(
@@ -57,8 +60,10 @@ class PackedLinear:
         bias: torch.Tensor | None,
         kernels: ModuleType | None,
         is_int8_activations: bool = False,
+        input_order: torch.Tensor | None = None,
     ) -> None:
         self.weight = weight
+        self.input_order = input_order
         # The kernel adds a float32 bias: converted once here.
         self.bias = None if bias is None else bias.float().contiguous()
         self.kernels = kernels if kernels_can_pack(kernels) else None
@@ -72,6 +77,8 @@ class PackedLinear:
         w = self.weight
         if self.kernels is None or x.dtype not in (torch.float32, torch.bfloat16):
             return self.reference(x)
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
         return self.kernels.quant_linear(
             x,
             w.codes,
@@ -88,6 +95,8 @@ class PackedLinear:
     def reference(self, x: torch.Tensor) -> torch.Tensor:
         """The plain path: dequantise the whole weight (float32) and multiply (x quantised
         first when ``is_int8``)."""
+        if self.input_order is not None:
+            x = x.index_select(-1, self.input_order)
         x_used = quantize_activations(x, self.weight.group) if self.is_int8 else x.float()
         return F.linear(x_used, self.weight.dequantize(), self.bias).to(x.dtype)
 

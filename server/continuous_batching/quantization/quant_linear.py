@@ -27,7 +27,7 @@ from .gptq import GPTQConfig, default_g_idx, unpack_rows, unpack_zeros
 
 #: Use torch's CPU int4 kernel where it applies (the benchmark switches it off to compare).
 CPU_KERNEL_ENABLED = True
-_KERNEL_GROUP_SIZES = (32, 64, 128, 256)
+KERNEL_GROUP_SIZES = (32, 64, 128, 256)
 
 
 def cpu_kernel_available(device: torch.device, dtype: torch.dtype) -> bool:
@@ -152,7 +152,7 @@ class QuantLinear:
             self.kernel is not None
             or not cpu_kernel_available(self.packed.device, self.dtype)
             or self.row_groups is not None
-            or group_size not in _KERNEL_GROUP_SIZES
+            or group_size not in KERNEL_GROUP_SIZES
             or self.out_features % 16
         ):
             return self.kernel is not None
