@@ -161,6 +161,9 @@ class EngineBench:
             "device": args.device,
             "enforce_eager": args.enforce_eager,
         }
+        for key in ("quantize_method", "gguf_activations"):  # benchmarks.at_load's variants
+            if getattr(args, key, None) is not None:
+                loading[key] = getattr(args, key)
         if args.device == "cpu":
             # The GPU benchmark's CPU smoke run skips the C++ build; a CPU benchmark
             # (benchmarks.families) measures with the kernels.

@@ -68,6 +68,7 @@ class AtLoadResult:
 
     method: str
     is_packed: bool
+    is_int8_activations: bool = False
     num_tensors: int = 0
     num_bytes: int = 0  # packed (or, dequantised, the dense bytes they stand for)
     num_dense_bytes: int = 0  # the same tensors at the compute dtype
@@ -81,20 +82,24 @@ class AtLoadResult:
                 f"to {dtype_name}: no packed kernels on this path"
             )
         codes = "int8" if self.method == "int8" else "int4"
+        activations = ", int8 activations" if self.is_int8_activations else ""
         return (
             f"{self.method} at load ({layer_type} packed {codes}, lm_head {LM_HEAD_TYPE.name}, "
-            f"{level}), {dtype_name} elsewhere"
+            f"{level}{activations}), {dtype_name} elsewhere"
         )
 
 
-def quantize_at_load(model: LlamaForCausalLM, method: str) -> AtLoadResult:
+def quantize_at_load(
+    model: LlamaForCausalLM, method: str, is_int8_activations: bool = False
+) -> AtLoadResult:
     """Quantise the loaded dense ``model``'s layer matmuls (``AT_LOAD_TYPES[method]``) and
-    lm_head (Q8_0): packed linears where the CPU kernels take them, else the dequantised
-    values in place. Call after the weights are assigned and before ``finalize``."""
+    lm_head (Q8_0): packed linears where the CPU kernels take them (their inputs quantised to
+    int8 per group with ``is_int8_activations``, as for GGUF), else the dequantised values in
+    place. Call after the weights are assigned and before ``finalize``."""
     qtype = AT_LOAD_TYPES[method]
     kernels: ModuleType | None = model.decoder_ops.module
     is_packed = model.device.type == "cpu" and kernels_can_pack(kernels)
-    result = AtLoadResult(method, is_packed)
+    result = AtLoadResult(method, is_packed, is_packed and is_int8_activations)
     with torch.no_grad():
         for layer in model.layers:
             linears: dict[str, PackedLinear] = {}
@@ -109,7 +114,8 @@ def quantize_at_load(model: LlamaForCausalLM, method: str) -> AtLoadResult:
                     continue
                 packed = quantize_matrix(weight, qtype)
                 result.num_bytes += packed.num_bytes
-                linears[name] = PackedLinear(packed, getattr(layer, bias_attr, None), kernels)
+                bias = getattr(layer, bias_attr, None)
+                linears[name] = PackedLinear(packed, bias, kernels, is_int8_activations)
             layer.replace_linears(linears)  # type: ignore[arg-type]
         head = model.lm_head
         if _is_quantizable(head):
@@ -118,7 +124,7 @@ def quantize_at_load(model: LlamaForCausalLM, method: str) -> AtLoadResult:
             if is_packed:
                 packed = quantize_matrix(head, LM_HEAD_TYPE)
                 result.num_bytes += packed.num_bytes
-                model.replace_lm_head(PackedLinear(packed, None, kernels))
+                model.replace_lm_head(PackedLinear(packed, None, kernels, is_int8_activations))
             else:  # float32 values, as the packed lm_head computes (a tied embedding stays)
                 model.replace_lm_head(Linear(round_trip(head, LM_HEAD_TYPE, torch.float32), None))
     return result
