@@ -13,6 +13,7 @@ from client.triton.call import TritonCall
 from protocol.embeddings import EmbeddingRequest
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
+from protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 #: What the gateway parses of a request: the routing fields of a JSON body, a Triton call; or,
 #: built in code, a whole request model.
@@ -35,15 +36,24 @@ class Endpoint(StrEnum):
     COMPLETIONS = "/v1/completions"
     CHAT = "/v1/chat/completions"
     EMBEDDINGS = "/v1/embeddings"
+    TOKENIZE = "/tokenize"
+    DETOKENIZE = "/detokenize"
     TRITON_GENERATE = "/v2/models/{model}/generate"
     TRITON_GENERATE_STREAM = "/v2/models/{model}/generate_stream"
 
     @property
     def api(self) -> Api:
-        """The API this endpoint belongs to."""
+        """The API this endpoint belongs to (``/tokenize`` and ``/detokenize``: our servers'
+        own, in vLLM's shapes)."""
         if self in OPENAI_ENDPOINTS:
             return "openai"
-        return "native" if self == Endpoint.GENERATE else "triton"
+        return "native" if self in NATIVE_ENDPOINTS else "triton"
+
+    @property
+    def has_native_form(self) -> bool:
+        """False where no request can be asked as a native ``/generate`` one (the tokenizer's
+        endpoints); elsewhere its parsed body says whether it can."""
+        return self not in TOKEN_ENDPOINTS
 
     @property
     def is_openai(self) -> bool:
@@ -60,15 +70,28 @@ class Endpoint(StrEnum):
 OPENAI_ENDPOINTS: frozenset[Endpoint] = frozenset(
     {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS}
 )
-#: The endpoints that generate text (every one but embeddings).
-GENERATION_ENDPOINTS = frozenset(Endpoint) - {Endpoint.EMBEDDINGS}
+#: Our servers' own endpoints.
+NATIVE_ENDPOINTS: frozenset[Endpoint] = frozenset(
+    {Endpoint.GENERATE, Endpoint.TOKENIZE, Endpoint.DETOKENIZE}
+)
+#: The tokenizer's endpoints (no generation: no usage, never a stream).
+TOKEN_ENDPOINTS: frozenset[Endpoint] = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})
+#: The endpoints that generate text.
+GENERATION_ENDPOINTS = frozenset(Endpoint) - {Endpoint.EMBEDDINGS} - TOKEN_ENDPOINTS
 
 
 @dataclass(frozen=True)
 class EndpointSpec:
     """What the app needs to register one endpoint."""
 
-    schema: type[GenerateRequest | CompletionRequest | ChatCompletionRequest | EmbeddingRequest]
+    schema: type[
+        GenerateRequest
+        | CompletionRequest
+        | ChatCompletionRequest
+        | EmbeddingRequest
+        | TokenizeRequest
+        | DetokenizeRequest
+    ]
     summary: str
     description: str
 
@@ -90,6 +113,16 @@ ENDPOINT_SPECS: dict[Endpoint, EndpointSpec] = {
         ChatCompletionRequest,
         "OpenAI-compatible chat completion",
         "Route an OpenAI chat completion request by its ``model``.",
+    ),
+    Endpoint.TOKENIZE: EndpointSpec(
+        TokenizeRequest,
+        "Token ids of a prompt or a conversation (vLLM's /tokenize)",
+        "Route a tokenize request by its ``model`` to one of our servers serving it.",
+    ),
+    Endpoint.DETOKENIZE: EndpointSpec(
+        DetokenizeRequest,
+        "Text of token ids (vLLM's /detokenize)",
+        "Route a detokenize request by its ``model`` to one of our servers serving it.",
     ),
     Endpoint.EMBEDDINGS: EndpointSpec(
         EmbeddingRequest,

@@ -76,6 +76,8 @@ class GatewayRequest:
 
     @functools.cached_property
     def _native_or_error(self) -> GenerateRequest | APIError | None:
+        if not self.endpoint.has_native_form:
+            return None
         parsed = self.parsed
         if isinstance(parsed, RoutingFields):  # read at intake for routing only: read it all
             try:

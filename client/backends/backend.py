@@ -218,6 +218,6 @@ def without_native_form(request: GatewayRequest, noun: str) -> Plan:
     error = request.native_error
     if error is not None:
         return Plan(refusal=error.message, error=error)
-    if request.endpoint == Endpoint.EMBEDDINGS:
+    if request.endpoint == Endpoint.EMBEDDINGS or not request.endpoint.has_native_form:
         return Plan(refusal=f"{noun}s do not answer {request.endpoint}")
     return Plan(refusal=f"{noun}s take one text prompt or one conversation per request")

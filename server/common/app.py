@@ -18,6 +18,7 @@ from pydantic import BaseModel
 
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
+from protocol.tokenize import DetokenizeRequest, TokenizeRequest
 from server.common.backend import GenerationBackend
 from server.common.config import ServingSettings
 from server.common.metrics import BaseMetrics, RequestCounter, ServerMetrics
@@ -25,6 +26,7 @@ from server.common.native_routes import build_native_router
 from server.common.openai_routes import build_openai_router
 from server.common.request_context import RequestContextMiddleware
 from server.common.service import GenerationService
+from server.common.tokenize_routes import build_tokenize_router
 from utils.connection_limits import ConnectionLimits, set_limits
 from utils.errors import install_error_handlers
 from utils.openapi import document_models
@@ -104,6 +106,16 @@ def create_server_app(
         service=service,
         metrics=metrics,
         connection_limits=settings.connection_limits,
-        routers=[build_native_router(service), build_openai_router(service)],
-        documented=[GenerateRequest, CompletionRequest, ChatCompletionRequest],
+        routers=[
+            build_native_router(service),
+            build_openai_router(service),
+            build_tokenize_router(service),
+        ],
+        documented=[
+            GenerateRequest,
+            CompletionRequest,
+            ChatCompletionRequest,
+            TokenizeRequest,
+            DetokenizeRequest,
+        ],
     )

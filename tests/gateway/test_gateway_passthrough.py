@@ -164,3 +164,30 @@ async def test_kinds_that_translate_decline_what_they_cannot_read() -> None:
     plain_plans = PlanMemo(plain)
     assert registry.candidates(plain, plans=plain_plans) == [triton]
     assert plain_plans.plan(triton).translation is not None
+
+
+def test_only_our_servers_are_asked_to_tokenize() -> None:
+    """``/tokenize`` and ``/detokenize`` go to our servers; an OpenAI-compatible engine, a
+    Triton server and an embedding server each decline them by name."""
+    config = ClientConfig.model_validate(
+        {
+            "continuous_batching_server_urls": ["http://cb:1"],
+            "triton_server_urls": [{"url": "http://t:1", "models": {"m": "ensemble"}}],
+            "openai_compatible_server_urls": [{"url": "http://vllm:1", "models": ["m"]}],
+            "embedding_server_urls": ["http://emb:1"],
+        }
+    )
+    backends = backends_from_config(config)
+    for backend in backends:
+        backend.health.is_healthy, backend.health.model_ids = True, ["m"]
+    ours = next(b for b in backends if b.url == "http://cb:1")
+    for path, body in (
+        ("/tokenize", {"model": "m", "prompt": "hi"}),
+        ("/detokenize", {"tokens": [1]}),
+    ):
+        request = _request(body, path)
+        plans = PlanMemo(request)
+        assert BackendRegistry(backends).candidates(request, plans=plans) == [ours]
+        for other in backends:
+            if other is not ours:
+                assert f"do not answer {path}" in (plans.plan(other).refusal or ""), other.url
