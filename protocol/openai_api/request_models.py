@@ -5,8 +5,10 @@ They accept the fields the official ``openai`` SDK sends and the common extras o
 ``use_beam_search``, ``best_of``...). ``presence_penalty``, ``frequency_penalty``,
 ``logit_bias`` and ``min_p`` keep OpenAI's and vLLM's definitions (see
 ``protocol.generation.GenerationConfig``). A known field whose value we cannot honour
-(``suffix``, ``best_of`` above ``n`` without beam search) is refused with a clear message;
-fields we do not know at all are dropped without a word (``extra="ignore"``).
+(``suffix``, ``best_of`` above ``n`` without beam search) is refused with a clear message.
+Fields we do not know at all are kept aside (``unknown_fields``), never read: the servers refuse
+them with a 400 naming them, or with ``serving_config.unknown_fields: warn`` answer with a
+warning (``server.common.field_policy``).
 """
 
 from __future__ import annotations
@@ -82,11 +84,11 @@ class ResponseFormat(BaseModel):
 class _SamplingFields(BaseModel):
     """Decoding fields shared by completions and chat completions.
 
-    Fields not declared here are dropped, not refused (``extra="ignore"``): a request with a
-    field we do not know is answered as if it had not sent it.
+    Fields not declared here are kept aside (``extra="allow"``) and never read; the servers'
+    field policy refuses or reports them (``unknown_fields``).
     """
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -123,6 +125,15 @@ class _SamplingFields(BaseModel):
     @classmethod
     def _parse_logit_bias(cls, value: Any) -> Any:
         return None if value is None else parse_logit_bias(value)
+
+    @property
+    def unknown_fields(self) -> list[str]:
+        """The body's fields this API does not declare (none of them is read), sorted; those
+        inside ``stream_options`` as ``stream_options.<name>``."""
+        names = list(self.model_extra or {})
+        if self.stream_options is not None:
+            names += [f"stream_options.{k}" for k in self.stream_options.model_extra or {}]
+        return sorted(names)
 
     @model_validator(mode="after")
     def _refuse_unsupported(self) -> _SamplingFields:

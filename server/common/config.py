@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, ClassVar, Self
+from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, PrivateAttr
 
@@ -24,6 +24,9 @@ RequestTimeoutSeconds = Annotated[
 ]
 #: ``serving_config.max_request_bytes``, likewise.
 MaxRequestBytes = Annotated[int, Field(gt=0, description="larger request bodies are refused (413)")]
+
+#: ``serving_config.unknown_fields``: what an OpenAI body's undeclared fields get.
+UnknownFieldsPolicy = Literal["reject", "warn"]
 
 #: How to get a model, for the messages about a missing model folder.
 _MODEL_FOLDER_HINT = (
@@ -41,6 +44,8 @@ class ServingSettings:
     request_timeout_seconds: float = 600.0
     max_request_bytes: int = 1_000_000
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
+    #: What an OpenAI body's undeclared fields get (``server.common.field_policy``).
+    unknown_fields: UnknownFieldsPolicy = "reject"
 
 
 class ServingSection(ConnectionLimits, ConfigSection):
@@ -63,12 +68,19 @@ class ServingConfig(ServingSection):
     default_max_new_tokens: int = Field(
         default=256, ge=1, description="new tokens when a request does not say"
     )
+    unknown_fields: UnknownFieldsPolicy = Field(
+        default="reject",
+        description="an OpenAI request field this server does not know: reject (400 naming "
+        "it, as OpenAI answers) or warn (answered without it; a log line and the "
+        "X-Unknown-Fields response header name it)",
+    )
 
     def settings(self, model_id: str) -> ServingSettings:
         """The HTTP layer's settings for a server answering as ``model_id``."""
         return ServingSettings(
             served_model_names=[model_id],
             default_max_new_tokens=self.default_max_new_tokens,
+            unknown_fields=self.unknown_fields,
             request_timeout_seconds=self.request_timeout_seconds,
             max_request_bytes=self.max_request_bytes,
             connection_limits=self.connection_limits,

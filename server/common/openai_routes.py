@@ -26,6 +26,7 @@ from protocol.openai_api import (
 from server.common.answers import AnswerShape, answer_job
 from server.common.backend import TextDelta
 from server.common.completion_shape import Echo, EchoedPrompt, completion_shape
+from server.common.field_policy import check_unknown_fields, mark_dropped
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import ChoiceResult, GenerationService, Job, new_response_id
 from server.common.tool_calls import call_schema, parse_tool_calls
@@ -241,8 +242,10 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     )
     async def completions(request: Request) -> Response:
         body = await parse_body(request, CompletionRequest, service.settings.max_request_bytes)
+        dropped = check_unknown_fields(body, service.settings.unknown_fields, "/v1/completions")
         job, echo = _completion_job(service, body, request_record(request))
-        return await _answer(request, service, job, completion_shape(echo), body)
+        answer = await _answer(request, service, job, completion_shape(echo), body)
+        return mark_dropped(answer, dropped)
 
     @router.post(
         "/chat/completions",
@@ -251,11 +254,13 @@ def build_openai_router(service: GenerationService) -> APIRouter:
     )
     async def chat_completions(request: Request) -> Response:
         body = await parse_body(request, ChatCompletionRequest, service.settings.max_request_bytes)
+        policy = service.settings.unknown_fields
+        dropped = check_unknown_fields(body, policy, "/v1/chat/completions")
         job = _chat_job(service, body, request_record(request))
         shape = _CHAT
         if body.active_tools:
             shape = _chat_with_tools(is_constrained=body.forced_function is not None)
-        return await _answer(request, service, job, shape, body)
+        return mark_dropped(await _answer(request, service, job, shape, body), dropped)
 
     @router.get("/models", response_model=ModelList)
     async def models() -> ModelList:
