@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
+from protocol.generation import TruncatePromptTokens
+
 #: One input: a text, or the token ids of a text (without the model's special tokens).
 EmbeddingInput = StrictStr | list[StrictInt]
 #: Most inputs one request may carry, as in OpenAI's API (a server may set a lower limit).
@@ -34,7 +36,7 @@ class EmbeddingRequest(BaseModel):
     user: str | None = None
     # vLLM's extra: cut inputs past this many tokens instead of refusing them (-1: the model's
     # maximum).
-    truncate_prompt_tokens: int | None = Field(default=None, ge=-1)
+    truncate_prompt_tokens: TruncatePromptTokens = None
 
     @field_validator("input")
     @classmethod
@@ -49,13 +51,6 @@ class EmbeddingRequest(BaseModel):
         for index, item in enumerate(inputs):
             if len(item) == 0:
                 raise ValueError(f"input {index} is empty")
-        return value
-
-    @field_validator("truncate_prompt_tokens")
-    @classmethod
-    def _check_truncation(cls, value: int | None) -> int | None:
-        if value == 0:
-            raise ValueError("must be -1 (the model's maximum) or a positive number of tokens")
         return value
 
     @property

@@ -8,11 +8,28 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
 
 from protocol.resume import StreamResume
+
+
+def _check_truncation(value: int | None) -> int | None:
+    if value == 0:
+        raise ValueError("must be -1 (the model's maximum) or a positive number of tokens")
+    return value
+
+
+#: vLLM's ``truncate_prompt_tokens``: keep an input's last N tokens (-1: the model's maximum).
+TruncatePromptTokens = Annotated[int | None, Field(ge=-1), AfterValidator(_check_truncation)]
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -126,6 +143,12 @@ class GenerationConfig(BaseModel):
     early_stopping: bool | Literal["never"] = False
     stop: list[str] = Field(default_factory=list)
     stop_token_ids: list[int] = Field(default_factory=list)
+    include_stop_str_in_output: bool = Field(
+        default=False, description="keep the matched stop string at the end of the text"
+    )
+    skip_special_tokens: bool = Field(
+        default=True, description="false: special tokens' text is part of the output"
+    )
     ignore_eos: bool = False
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     json_schema: dict[str, Any] | None = Field(

@@ -30,12 +30,14 @@ from protocol.generation import (
     ChatMessage,
     GenerateRequest,
     GenerationConfig,
+    TruncatePromptTokens,
     parse_logit_bias,
 )
 from protocol.resume import StreamResume
 
-#: OpenAI's bound of the completions ``logprobs`` (alternatives per token).
-MAX_COMPLETION_LOGPROBS = 5
+#: The bound of the completions ``logprobs`` (alternatives per token): vLLM's 20, where
+#: OpenAI's legacy API stops at 5.
+MAX_COMPLETION_LOGPROBS = MAX_TOP_LOGPROBS
 
 
 class StreamOptions(BaseModel):
@@ -111,6 +113,10 @@ class _SamplingFields(BaseModel):
     min_tokens: int = Field(default=0, ge=0)
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    #: vLLM's: keep only the prompt's last N tokens (-1: the last ``max_model_len``).
+    truncate_prompt_tokens: TruncatePromptTokens = None
     use_beam_search: bool = False
     best_of: int | None = Field(default=None, ge=1, le=64)
     length_penalty: float = 1.0
@@ -181,6 +187,8 @@ class _SamplingFields(BaseModel):
             early_stopping=self.early_stopping,
             stop=self.stop,
             stop_token_ids=self.stop_token_ids or [],
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
             ignore_eos=self.ignore_eos,
             seed=self.seed,
             json_schema=self.response_format.schema_of_output() if self.response_format else None,

@@ -10,9 +10,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from protocol.generation import GenerationConfig
+
 REPLACEMENT_CHAR = "\ufffd"
 
-_DECODERS: weakref.WeakKeyDictionary[Any, Callable[[list[int]], str]] = weakref.WeakKeyDictionary()
+#: Per tokenizer, its decode function for each ``skip_special_tokens``.
+_DECODERS: weakref.WeakKeyDictionary[Any, dict[bool, Callable[[list[int]], str]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _is_plain_rust_decode(tokenizer: Any) -> bool:
@@ -36,28 +41,29 @@ def _is_plain_rust_decode(tokenizer: Any) -> bool:
     return is_bpe and not forced
 
 
-def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
-    """``ids -> text`` with special tokens skipped, as ``tokenizer.decode`` makes it.
+def text_decoder(tokenizer: Any, skip_special_tokens: bool = True) -> Callable[[list[int]], str]:
+    """``ids -> text`` as ``tokenizer.decode(ids, skip_special_tokens=...)`` makes it.
 
     Where that is the Rust tokenizer's own decode, it is called directly: transformers'
     wrapper costs about five times the decode itself, per token and sequence, which at a
     GPU's batch of 256 was the largest part of a decode step's host time."""
     try:
-        return _DECODERS[tokenizer]
+        return _DECODERS[tokenizer][skip_special_tokens]
     except (KeyError, TypeError):
         pass
+    skip = skip_special_tokens
     if _is_plain_rust_decode(tokenizer):
         rust_decode = tokenizer.backend_tokenizer.decode
 
         def decode(ids: list[int]) -> str:
-            return rust_decode(ids, skip_special_tokens=True)
+            return rust_decode(ids, skip_special_tokens=skip)
     else:
 
         def decode(ids: list[int]) -> str:
-            return tokenizer.decode(ids, skip_special_tokens=True)
+            return tokenizer.decode(ids, skip_special_tokens=skip)
 
     try:
-        _DECODERS[tokenizer] = decode
+        _DECODERS.setdefault(tokenizer, {})[skip] = decode
     except TypeError:  # not weak-referenceable: decide again next time
         pass
     return decode
@@ -66,8 +72,17 @@ def text_decoder(tokenizer: Any) -> Callable[[list[int]], str]:
 class IncrementalDetokenizer:
     """Turns a growing list of token ids into text deltas and detects stop strings."""
 
-    def __init__(self, tokenizer: Any, stop: list[str] | None = None) -> None:
-        self._decode = text_decoder(tokenizer)
+    def __init__(
+        self,
+        tokenizer: Any,
+        stop: list[str] | None = None,
+        *,
+        skip_special_tokens: bool = True,
+        is_stop_included: bool = False,
+    ) -> None:
+        self._decode = text_decoder(tokenizer, skip_special_tokens)
+        # include_stop_str_in_output: the text ends after the stop string, not before it.
+        self._is_stop_included = is_stop_included
         self._stop = [s for s in (stop or []) if s]
         self._max_stop_len = max((len(s) for s in self._stop), default=0)
         self._token_ids: list[int] = []
@@ -116,10 +131,25 @@ class IncrementalDetokenizer:
         self.add_tokens(token_ids)
         self._num_emitted_chars = min(num_emitted_chars, len(self._text))
 
+    @classmethod
+    def for_config(cls, tokenizer: Any, config: GenerationConfig) -> IncrementalDetokenizer:
+        """A detokenizer for a request's ``config``: its stop strings, whether they stay in
+        the text, and whether special tokens' text is skipped."""
+        return cls(
+            tokenizer,
+            config.stop,
+            skip_special_tokens=config.skip_special_tokens,
+            is_stop_included=config.include_stop_str_in_output,
+        )
+
     def _find_stop(self, search_from: int) -> int | None:
-        positions = [self._text.find(s, search_from) for s in self._stop]
-        found = [p for p in positions if p >= 0]
-        return min(found) if found else None
+        """Where the text ends at the first stop string found: before it, or after it when
+        the request keeps it."""
+        found = [(p, len(s)) for s in self._stop if (p := self._text.find(s, search_from)) >= 0]
+        if not found:
+            return None
+        position, length = min(found)
+        return position + length if self._is_stop_included else position
 
     def _held_back(self) -> int:
         """Characters at the end of the text that could begin a stop string."""

@@ -54,6 +54,9 @@ def _completion_job(
         service.prompts.check_token_ids(p) if isinstance(p, list) else service.prompts.encode(p)
         for p in texts
     ]
+    if body.truncate_prompt_tokens is not None:
+        prompts = [service.prompts.truncate(p, body.truncate_prompt_tokens) for p in prompts]
+        texts = list(prompts)  # an echo shows what the model was given
     job = service.make_job(new_response_id("cmpl"), prompts, config, record)
     if not body.echo:
         return job, None
@@ -89,6 +92,7 @@ def _chat_job(
         tools=tools,
     )
     token_ids = service.prompts.encode(prompt, is_chat=True)
+    token_ids = service.prompts.truncate(token_ids, body.truncate_prompt_tokens)
     return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record)
 
 

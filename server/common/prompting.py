@@ -57,6 +57,14 @@ class PromptProcessor:
         """Tokenize ``prompt``; a rendered chat prompt already holds its special tokens."""
         return list(self.tokenizer.encode(prompt, add_special_tokens=not is_chat))
 
+    def truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
+        """vLLM's ``truncate_prompt_tokens``: the last ``keep`` ids (-1: the last
+        ``max_model_len``); None keeps them all."""
+        if keep is None:
+            return token_ids
+        keep = self.max_model_len if keep == -1 else keep
+        return token_ids[-keep:]
+
     def check_token_ids(self, token_ids: list[int], field: str = "prompt") -> list[int]:
         """Validate token ids a request gives (a prompt, stop tokens, ``logit_bias`` keys):
         each must be in the vocabulary, or the engine would index past its logits."""

@@ -95,7 +95,7 @@ class SBWorker:
             request = state.request
             resumed = request.resumed_token_ids
             for index in range(config.num_return_sequences):
-                detokenizer = IncrementalDetokenizer(self.tokenizer, config.stop)
+                detokenizer = IncrementalDetokenizer.for_config(self.tokenizer, config)
                 if resumed:
                     detokenizer.resume(resumed, request.num_resumed_text_chars)
                 end_ids = self.end_token_ids(config)
@@ -190,7 +190,7 @@ class SBWorker:
         self, state: RequestState, index: int, token_ids: list[int], end_ids: frozenset[int]
     ) -> TextDelta:
         """One finished beam as a single delta, cut at its end token or stop string."""
-        detokenizer = IncrementalDetokenizer(self.tokenizer, state.request.config.stop)
+        detokenizer = IncrementalDetokenizer.for_config(self.tokenizer, state.request.config)
         parts: list[str] = []
         num_tokens = 0
         reason: FinishReason = "length"

@@ -153,13 +153,21 @@ def test_bad_logprobs_requests_are_400s(client: Any) -> None:
     with pytest.raises(openai.BadRequestError, match="top_logprobs"):
         client.chat.completions.create(**chat, top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="logprobs"):
-        client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=4, logprobs=6)
+        client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=4, logprobs=21)
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         client.completions.create(model=MODEL_ID, prompt="Hi", max_tokens=0)
     with pytest.raises(openai.BadRequestError, match="beam search"):
         client.chat.completions.create(
             **chat, n=2, logprobs=True, extra_body={"use_beam_search": True}
         )
+
+
+def test_completions_give_up_to_20_alternatives_as_vllm_does(client: Any) -> None:
+    answer = client.completions.create(
+        model=MODEL_ID, prompt="The capital of France is", max_tokens=2, logprobs=20, temperature=0
+    )
+    top = answer.choices[0].logprobs.top_logprobs
+    assert [len(alternatives) for alternatives in top] == [20, 20]
 
 
 def test_the_static_batching_server_says_it_cannot(sb_server: ServerThread) -> None:

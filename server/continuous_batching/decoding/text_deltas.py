@@ -58,7 +58,7 @@ class TextDeltaMaker:
 
     def new_detokenizer(self, group: SequenceGroup) -> IncrementalDetokenizer:
         """A detokenizer that cuts at the request's stop strings."""
-        return IncrementalDetokenizer(self.tokenizer, group.config.stop)
+        return IncrementalDetokenizer.for_config(self.tokenizer, group.config)
 
     def token_delta(
         self,

@@ -1,0 +1,76 @@
+"""vLLM's request extensions the servers honour, through the gateway with the ``openai`` SDK's
+``extra_body``, on the CB and the SB server: ``include_stop_str_in_output`` and
+``skip_special_tokens``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+
+from harness.servers import ServerThread
+from tests.support.default_model import MODEL_ID
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+IM_START = 1  # <|im_start|>: a special token that ends nothing
+
+
+@pytest.fixture(params=["gateway", "sb_gateway"])
+def sdk(request: pytest.FixtureRequest) -> Iterator[openai.OpenAI]:
+    server: ServerThread = request.getfixturevalue(request.param)
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0, timeout=120)
+    yield client
+    client.close()
+
+
+def _chat(sdk: openai.OpenAI, **extra: Any) -> tuple[str, str]:
+    answer = sdk.chat.completions.create(
+        model=MODEL_ID, messages=QUESTION, temperature=0, max_tokens=24, stop=["Paris"],
+        extra_body=extra or None,
+    )  # fmt: skip
+    choice = answer.choices[0]
+    return choice.message.content or "", choice.finish_reason
+
+
+def test_the_stop_string_stays_when_asked(sdk: openai.OpenAI) -> None:
+    cut, reason = _chat(sdk)
+    kept, kept_reason = _chat(sdk, include_stop_str_in_output=True)
+    assert reason == kept_reason == "stop"
+    assert "Paris" not in cut and kept == cut + "Paris"
+
+
+def test_special_tokens_text_when_not_skipped(sdk: openai.OpenAI) -> None:
+    def complete(**extra: Any) -> str:
+        answer = sdk.completions.create(
+            model=MODEL_ID, prompt="Hi", max_tokens=1, temperature=0,
+            logit_bias={str(IM_START): 100}, extra_body=extra or None,
+        )  # fmt: skip
+        return answer.choices[0].text
+
+    assert complete() == ""
+    assert complete(skip_special_tokens=False) == "<|im_start|>"
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_end(sdk: openai.OpenAI, tokenizer: Any) -> None:
+    text = "The capital of France is"
+    ids = tokenizer.encode(text)
+    options = {"model": MODEL_ID, "max_tokens": 4, "temperature": 0}
+    cut = sdk.completions.create(prompt=text, extra_body={"truncate_prompt_tokens": 3}, **options)
+    given = sdk.completions.create(prompt=ids[-3:], **options)
+    assert cut.usage is not None and cut.usage.prompt_tokens == 3
+    assert cut.choices[0].text == given.choices[0].text
+    chat = sdk.chat.completions.create(
+        model=MODEL_ID, messages=QUESTION, max_tokens=1, extra_body={"truncate_prompt_tokens": 5}
+    )
+    assert chat.usage is not None and chat.usage.prompt_tokens == 5
+    with pytest.raises(openai.BadRequestError, match="truncate_prompt_tokens"):
+        sdk.completions.create(prompt=text, extra_body={"truncate_prompt_tokens": 0}, **options)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(default_model_path)
