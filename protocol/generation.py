@@ -150,6 +150,11 @@ class GenerationConfig(BaseModel):
         default=True, description="false: special tokens' text is part of the output"
     )
     ignore_eos: bool = False
+    priority: int = Field(
+        default=0,
+        description="among waiting requests a lower value is admitted first (vLLM's priority; "
+        "the continuous-batching server)",
+    )
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     json_schema: dict[str, Any] | None = Field(
         default=None, description="constrain the output to JSON valid against this schema"

@@ -115,6 +115,8 @@ class _SamplingFields(BaseModel):
     stop_token_ids: list[int] | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    #: vLLM's: among waiting requests a lower value is admitted first.
+    priority: int = 0
     #: vLLM's: keep only the prompt's last N tokens (-1: the last ``max_model_len``).
     truncate_prompt_tokens: TruncatePromptTokens = None
     use_beam_search: bool = False
@@ -190,6 +192,7 @@ class _SamplingFields(BaseModel):
             include_stop_str_in_output=self.include_stop_str_in_output,
             skip_special_tokens=self.skip_special_tokens,
             ignore_eos=self.ignore_eos,
+            priority=self.priority,
             seed=self.seed,
             json_schema=self.response_format.schema_of_output() if self.response_format else None,
             logprobs=self._num_top_logprobs(),

@@ -79,6 +79,8 @@ class GenerationBackend(abc.ABC):
     is_structured_output_supported: bool = False
     #: True when the engine gives each token's logprobs (``generation_config.logprobs``).
     is_logprobs_supported: bool = False
+    #: True when waiting requests are admitted by ``GenerationConfig.priority``.
+    is_priority_supported: bool = False
 
     @abc.abstractmethod
     async def start(self) -> None:

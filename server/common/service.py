@@ -181,6 +181,14 @@ class GenerationService:
                 "server; it is served by the continuous-batching server",
                 param="logprobs",
             )
+        if config.priority != 0 and not self.backend.is_priority_supported:
+            raise APIError(
+                400,
+                f"'priority' is not supported by this {self.backend.kind.replace('_', '-')} "
+                "server (it admits requests in arrival order); the continuous-batching server "
+                "honours it",
+                param="priority",
+            )
         constraint = self._output_constraint(config)
         limits = [self.prompts.max_new_tokens_for(len(ids), config) for ids in prompts]
         if len(set(limits)) == 1:

@@ -33,6 +33,7 @@ class AsyncEngine(GenerationBackend):
     kind: ServerKind = "continuous_batching"
     is_structured_output_supported = True
     is_logprobs_supported = True
+    is_priority_supported = True
 
     def __init__(
         self, engine: LLMEngine, model_id: str, compute: ComputeThread | None = None

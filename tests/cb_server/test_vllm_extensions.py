@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -74,3 +75,13 @@ def tokenizer(default_model_path: Any) -> Any:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(default_model_path)
+
+
+def test_priority_runs_on_the_cb_server_and_the_sb_server_refuses_it(
+    gateway: ServerThread, sb_gateway: ServerThread
+) -> None:
+    body = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 2, "priority": -3}
+    assert httpx.post(f"{gateway.url}/v1/completions", json=body, timeout=60).status_code == 200
+    refused = httpx.post(f"{sb_gateway.url}/v1/completions", json=body, timeout=60)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
+    assert "'priority' is not supported by this static-batching server" in refused.text

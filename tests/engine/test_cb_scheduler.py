@@ -216,3 +216,18 @@ def test_random_mix_never_leaks() -> None:
     run_to_end(scheduler)
     assert bm.device.num_free == 40 and bm.cpu.is_all_free()
     assert not any(bm.device.ref_counts)
+
+
+def test_waiting_requests_are_admitted_by_priority_then_arrival() -> None:
+    bm = BlockManager(num_blocks=64, num_blocks_cpu=0, block_size=4)
+    scheduler = Scheduler(bm, batch_max_tokens=64, batch_max_beams=1)  # one at a time
+    for name, priority in [("a", 0), ("b", 5), ("c", -1), ("d", 0), ("e", -1)]:
+        scheduler.add(make_group(name, 4, 2, priority=priority))
+    assert [g.request_id for g in scheduler.waiting] == ["c", "e", "a", "d", "b"]
+    admitted: list[str] = []
+    for plan in run_to_end(scheduler):
+        for item in plan.scheduled:
+            if item.group.request_id not in admitted:
+                admitted.append(item.group.request_id)
+    assert admitted == ["c", "e", "a", "d", "b"]
+    assert bm.device.num_free == 64

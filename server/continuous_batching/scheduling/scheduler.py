@@ -112,9 +112,16 @@ class Scheduler:
         return None
 
     def add(self, group: SequenceGroup) -> None:
-        """Queue a new request (call ``why_never_fits`` first)."""
+        """Queue a new request (call ``why_never_fits`` first): behind every waiting request
+        of its priority or a lower value (vLLM's: lower first), in arrival order among equals.
+        (A preempted request goes back to the front, whatever its priority.)"""
         group.status = GroupStatus.WAITING
-        self.waiting.append(group)
+        priority = group.config.priority
+        if not self.waiting or self.waiting[-1].config.priority <= priority:
+            self.waiting.append(group)  # the common case: no scan
+            return
+        index = next(i for i, g in enumerate(self.waiting) if g.config.priority > priority)
+        self.waiting.insert(index, group)
 
     def remove(self, group: SequenceGroup) -> None:
         """Take a request out of every queue and free its blocks (finish or abort)."""
