@@ -63,6 +63,9 @@ def test_static_decode_buffers_take_a_step_in_one_copy() -> None:
     buffers.fill([21], [17], [18], [[4, 6]])
     assert buffers.input_ids[0] == 21 and buffers.slot_mapping[0] == 6 * 16 + 1
     assert buffers.block_tables.tolist()[:2] == [[4, 6, 99], [7, 9, 99]]
+    # The staging buffer is reused, not fresh: what the last step wrote there must not leak.
+    assert buffers.input_ids.tolist()[1:] == [0, 0, 0]
+    assert buffers.context_lens.tolist()[1:] == [0, 0, 0]
     with pytest.raises(ValueError, match="do not fit"):
         buffers.fill([1] * 5, [0] * 5, [1] * 5, [[0]] * 5)
 
