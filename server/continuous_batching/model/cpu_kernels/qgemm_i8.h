@@ -53,6 +53,14 @@ inline float hsum256(__m256 v) {
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
 }
 
+// values[i] *= by[i], 8 at a time.
+inline void times_row(float* values, const float* by, int64_t count) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    _mm256_storeu_ps(values + i, _mm256_mul_ps(_mm256_loadu_ps(values + i), _mm256_loadu_ps(by + i)));
+  for (; i < count; ++i) values[i] *= by[i];
+}
+
 // Step t's 32 weight codes of one row, ready for maddubs: 4-bit codes as unsigned bytes in
 // element order (low nibbles are elements 0-15, high ones 16-31); 8-bit codes as they are.
 template <int B>
@@ -93,51 +101,65 @@ inline __m256i step_dot(__m256i q, __m256i x) {
 }
 
 // The step's scale per lane: one group's s * d, or (G = 16) lanes 0-3 and 4-7 for two groups.
+// With one row of x, ``d`` is null: the caller folded x's scales into ``s`` already.
 template <int G>
 inline __m256 step_scale(const float* s, const float* d, int64_t t) {
-  if constexpr (G == 32) return _mm256_set1_ps(s[t] * d[t]);
-  return _mm256_set_m128(_mm_set1_ps(s[2 * t + 1] * d[2 * t + 1]), _mm_set1_ps(s[2 * t] * d[2 * t]));
+  if constexpr (G == 32) return _mm256_set1_ps(d ? s[t] * d[t] : s[t]);
+  const float lo = d ? s[2 * t] * d[2 * t] : s[2 * t];
+  const float hi = d ? s[2 * t + 1] * d[2 * t + 1] : s[2 * t + 1];
+  return _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo));
 }
 
 // R rows of quantised x against NC weight rows from col0: out [R][NC]. ``s``/``o`` hold the NC
-// columns' expanded group scales and offsets, [NC][ng] each.
+// columns' expanded group scales and offsets, [NC][ng] each; for one row of x (R = 1) ``s``
+// already holds s * d (see quant_i8_columns).
+// Loop order: per step, one column at a time and every row against it, so that only that
+// column's codes are live (holding all NC columns' codes spilled registers to the stack).
 template <int R, int NC, int B, int G>
 void quant_i8_block(const QuantWeight& w, const QuantizedRows& xq, int64_t r0, int64_t col0,
                     const float* s, const float* o, float* out) {
   const int64_t ng = w.num_groups, k = w.k, steps = k / 32;
   const uint8_t* codes = w.codes + col0 * w.row_bytes;
+  const int8_t* x = xq.codes.data() + r0 * k;
+  const auto x_scale = [&](int r) { return R == 1 ? nullptr : xq.scale.data() + (r0 + r) * ng; };
   __m256 acc[R][NC];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
   int64_t t = 0;
   if constexpr (B == 4) {
     for (; t + 2 <= steps; t += 2) {
-      __m256i q0[NC], q1[NC];
-      for (int c = 0; c < NC; ++c) step_codes_pair(codes + c * w.row_bytes, t, q0[c], q1[c]);
-      for (int r = 0; r < R; ++r) {
-        const int8_t* xr = xq.codes.data() + (r0 + r) * k + t * 32;
-        const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
-        const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 32));
-        const float* d = xq.scale.data() + (r0 + r) * ng;
-        for (int c = 0; c < NC; ++c) {
-          const __m256 dots0 = _mm256_cvtepi32_ps(step_dot<B>(q0[c], x0));
-          const __m256 dots1 = _mm256_cvtepi32_ps(step_dot<B>(q1[c], x1));
-          acc[r][c] = _mm256_fmadd_ps(dots0, step_scale<G>(s + c * ng, d, t), acc[r][c]);
-          acc[r][c] = _mm256_fmadd_ps(dots1, step_scale<G>(s + c * ng, d, t + 1), acc[r][c]);
+      for (int c = 0; c < NC; ++c) {
+        __m256i q0, q1;
+        step_codes_pair(codes + c * w.row_bytes, t, q0, q1);
+        // The next block's rows at this offset (see prefetch_next_block).
+        if ((t & 7) == 0) prefetch_next_block(codes + (c + NC) * w.row_bytes + t * 16);
+        const __m256 s0 = step_scale<G>(s + c * ng, x_scale(0), t);
+        const __m256 s1 = step_scale<G>(s + c * ng, x_scale(0), t + 1);
+        for (int r = 0; r < R; ++r) {
+          const int8_t* xr = x + r * k + t * 32;
+          const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
+          const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 32));
+          const __m256 dots0 = _mm256_cvtepi32_ps(step_dot<B>(q0, x0));
+          const __m256 dots1 = _mm256_cvtepi32_ps(step_dot<B>(q1, x1));
+          if constexpr (R == 1) {
+            acc[0][c] = _mm256_fmadd_ps(dots0, s0, acc[0][c]);
+            acc[0][c] = _mm256_fmadd_ps(dots1, s1, acc[0][c]);
+          } else {
+            acc[r][c] = _mm256_fmadd_ps(dots0, step_scale<G>(s + c * ng, x_scale(r), t), acc[r][c]);
+            acc[r][c] = _mm256_fmadd_ps(dots1, step_scale<G>(s + c * ng, x_scale(r), t + 1), acc[r][c]);
+          }
         }
       }
     }
   }
   for (; t < steps; ++t) {
-    __m256i q[NC];
-    for (int c = 0; c < NC; ++c) q[c] = step_codes<B>(codes + c * w.row_bytes, t);
-    for (int r = 0; r < R; ++r) {
-      const int8_t* xr = xq.codes.data() + (r0 + r) * k;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + t * 32));
-      const float* d = xq.scale.data() + (r0 + r) * ng;
-      for (int c = 0; c < NC; ++c) {
-        const __m256 dots = _mm256_cvtepi32_ps(step_dot<B>(q[c], xv));
-        acc[r][c] = _mm256_fmadd_ps(dots, step_scale<G>(s + c * ng, d, t), acc[r][c]);
+    for (int c = 0; c < NC; ++c) {
+      const __m256i q = step_codes<B>(codes + c * w.row_bytes, t);
+      if ((t & 3) == 0) prefetch_next_block(codes + (c + NC) * w.row_bytes + t * 32);
+      for (int r = 0; r < R; ++r) {
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * k + t * 32));
+        const __m256 dots = _mm256_cvtepi32_ps(step_dot<B>(q, xv));
+        acc[r][c] = _mm256_fmadd_ps(dots, step_scale<G>(s + c * ng, x_scale(r), t), acc[r][c]);
       }
     }
   }
@@ -157,7 +179,12 @@ int64_t quant_i8_columns(const QuantWeight& w, const QuantizedRows& xq, int64_t 
   float* o = scratch + NC * ng;
   float ys[R * NC];
   for (; col + NC <= col1; col += NC) {
-    for (int c = 0; c < NC; ++c) expand_scales(w, col + c, s + c * ng, o + c * ng);
+    for (int c = 0; c < NC; ++c) {
+      expand_scales(w, col + c, s + c * ng, o + c * ng);
+      // One row of x: fold its group scales in once per column (the same product s * d the
+      // loop would form per group), leaving the loop one broadcast per group.
+      if constexpr (R == 1) times_row(s + c * ng, xq.scale.data() + r * ng, ng);
+    }
     quant_i8_block<R, NC, B, G>(w, xq, r, col, s, o, ys);
     for (int i = 0; i < R; ++i)
       for (int c = 0; c < NC; ++c) sink.put(r + i, col + c, ys[i * NC + c]);
