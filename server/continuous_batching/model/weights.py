@@ -197,7 +197,7 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
             assign_weights(model, iter_safetensors(model_path))
             model.weight_format = f"{dtype_name} dense"
             if config.quantize_method in AT_LOAD_TYPES:
-                _quantize_at_load(model, config.quantize_method, config)
+                _quantize_at_load(model, config)
         elif config.quantize_method in AT_LOAD_TYPES:
             raise WeightLoadError(
                 f"quantize_method is {config.quantize_method} but {model_path} is a GPTQ "
@@ -246,9 +246,11 @@ def _install_gguf_packed(
     return load.consumed
 
 
-def _quantize_at_load(model: LlamaForCausalLM, method: str, config: ModelLoadingConfig) -> None:
+def _quantize_at_load(model: LlamaForCausalLM, config: ModelLoadingConfig) -> None:
     """``quantize_method`` int8 / int4 on a dense checkpoint (``weights_at_load``)."""
     start = time.perf_counter()
+    method = config.quantize_method
+    assert method is not None  # the caller checked
     result = quantize_at_load(model, method, config.gguf_activations == "int8")
     dtype_name = str(model.dtype).removeprefix("torch.")
     model.weight_format = result.describe(model.cpu_path.level, dtype_name)

@@ -27,8 +27,8 @@ import torch
 from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
-from ..quantization.packed_gguf import PACKABLE_TYPES, PackedWeight, concat_rows, repack
-from ..quantization.packed_linear import ConcatLinear, PackedLinear
+from ..quantization.packed_gguf import PACKABLE_TYPES, PackedWeight, repack
+from ..quantization.packed_linear import ConcatLinear, PackedLinear, fused_packed_linear
 from .architecture import ModelArchConfig
 from .llama import LlamaForCausalLM
 from .weights_gguf import has_permuted_rope_rows, unpermute_rope_rows
@@ -106,23 +106,6 @@ def _dense_bias(tensor: ReaderTensor | None, config: ModelArchConfig) -> torch.T
     return bias if heads is None else unpermute_rope_rows(bias, heads)
 
 
-def _fused_linear(
-    weights: list[PackedWeight],
-    biases: list[torch.Tensor | None],
-    kernels: ModuleType,
-    is_int8: bool,
-) -> PackedLinear | ConcatLinear:
-    """One packed linear over the stacked rows when the layouts agree, else one per part."""
-    if any(b is not None for b in biases):
-        pairs = zip(weights, biases, strict=True)
-        biases = [torch.zeros(w.num_rows) if b is None else b for w, b in pairs]
-    if len({w.layout_key() for w in weights}) == 1:
-        bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
-        return PackedLinear(concat_rows(weights), bias, kernels, is_int8)
-    pairs = zip(weights, biases, strict=True)
-    return ConcatLinear([PackedLinear(w, b, kernels, is_int8) for w, b in pairs])
-
-
 def install_packed_linears(
     model: LlamaForCausalLM,
     reader: GGUFReader,
@@ -145,7 +128,7 @@ def install_packed_linears(
             weights = [packed_weight_of(tensors[n], config) for n in names]
             bias_names = [f"blk.{i}.{part}.bias" for part in parts]
             biases = [_dense_bias(tensors.get(b), config) for b in bias_names]
-            linears[fused] = _fused_linear(weights, biases, kernels, is_int8_activations)
+            linears[fused] = fused_packed_linear(weights, biases, kernels, is_int8_activations)
             for name, weight in zip(names, weights, strict=True):
                 load.add(name, weight, linears[fused])
             load.consumed.update(b for b in bias_names if b in tensors)

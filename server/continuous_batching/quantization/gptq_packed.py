@@ -26,8 +26,8 @@ from types import ModuleType
 import torch
 
 from .gptq import GPTQConfig, default_g_idx, unpack_rows, unpack_zeros
-from .packed_gguf import PackedWeight, concat_rows
-from .packed_linear import ConcatLinear, PackedLinear
+from .packed_gguf import PackedWeight
+from .packed_linear import ConcatLinear, PackedLinear, fused_packed_linear
 from .quant_linear import KERNEL_GROUP_SIZES, cpu_kernel_available
 
 logger = logging.getLogger(__name__)
@@ -126,23 +126,7 @@ class GPTQPacking:
         except GPTQPackError as exc:
             logger.warning("GPTQ layer kept on torch's int4 kernel: %s", exc)
             return None
+        weights = [w for w, _ in packed]
         biases = [part.get("bias") for part in parts]
-        if any(b is not None for b in biases):
-            pairs = zip(packed, biases, strict=True)
-            biases = [torch.zeros(w.num_rows) if b is None else b.float() for (w, _), b in pairs]
         orders = [order for _, order in packed]
-        is_same_order = all(
-            (o is None and orders[0] is None)
-            or (o is not None and orders[0] is not None and torch.equal(o, orders[0]))
-            for o in orders
-        )
-        if is_same_order:
-            bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
-            weight = concat_rows([w for w, _ in packed])
-            return PackedLinear(weight, bias, self.kernels, self.is_int8_activations, orders[0])
-        return ConcatLinear(
-            [
-                PackedLinear(w, b, self.kernels, self.is_int8_activations, order)
-                for (w, order), b in zip(packed, biases, strict=True)
-            ]
-        )
+        return fused_packed_linear(weights, biases, self.kernels, self.is_int8_activations, orders)

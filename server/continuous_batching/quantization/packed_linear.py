@@ -16,7 +16,7 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-from .packed_gguf import PackedWeight
+from .packed_gguf import PackedWeight, concat_rows
 
 
 def kernels_can_pack(kernels: ModuleType | None) -> bool:
@@ -118,3 +118,30 @@ class ConcatLinear:
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """``residual + self(x)``."""
         return residual + self(x)
+
+
+def fused_packed_linear(
+    weights: list[PackedWeight],
+    biases: list[torch.Tensor | None],
+    kernels: ModuleType | None,
+    is_int8_activations: bool = False,
+    input_orders: list[torch.Tensor | None] | None = None,
+) -> PackedLinear | ConcatLinear:
+    """A fused matmul (q/k/v, gate/up) over packed parts: one ``PackedLinear`` over their
+    stacked rows when their layouts and input orders agree, else a ``ConcatLinear`` of one
+    per part. In a group where some part has a bias, the others get zeros."""
+    orders = input_orders or [None] * len(weights)
+    if any(b is not None for b in biases):
+        pairs = zip(weights, biases, strict=True)
+        biases = [torch.zeros(w.num_rows) if b is None else b.float() for w, b in pairs]
+    first = orders[0]
+    is_same_order = all(
+        (o is None and first is None)
+        or (o is not None and first is not None and torch.equal(o, first))
+        for o in orders
+    )
+    if is_same_order and len({w.layout_key() for w in weights}) == 1:
+        bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
+        return PackedLinear(concat_rows(weights), bias, kernels, is_int8_activations, first)
+    parts = zip(weights, biases, orders, strict=True)
+    return ConcatLinear([PackedLinear(w, b, kernels, is_int8_activations, o) for w, b, o in parts])
