@@ -70,19 +70,19 @@ def llama_bench(gguf: Path, threads: int, repetitions: int = 3) -> dict[str, Any
     return {"tok_s": round(tok_s, 2), "decode_step_ms": round(1e3 / tok_s, 2)}
 
 
-def ours(gguf: Path, args: argparse.Namespace, activations: str) -> list[dict[str, Any]]:
+def ours(
+    gguf: Path, args: argparse.Namespace, activations: str, num_active: dict[int, int]
+) -> list[dict[str, Any]]:
     """Our engine over ``gguf`` (packed weights, ``activations`` float or int8): one row per
     batch."""
     args.gguf_activations = activations
     bench = EngineBench(gguf, args)
     try:
         weights = bench.runner.model.weight_format
-        rows = measure(bench, f"ours-{activations}", {b: 0 for b in args.batches}, args)
+        rows = measure(bench, f"ours-{activations}", num_active, args)
     finally:
         bench.close()
     for row in rows:
-        row.pop("active_params", None)
-        row.pop("ms_per_active_b", None)
         row["weights"] = weights
     return rows
 
@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="real-size-") as tmp:
         folder = Path(tmp) / "llama"
-        build_checkpoint("llama", folder, torch.bfloat16, args.batches, args.shape)
+        num_active = build_checkpoint("llama", folder, torch.bfloat16, args.batches, args.shape)
         files = make_ggufs(folder, mine.types, args.tokenizer)
         for quant_type, gguf in files.items():
             theirs = llama_bench(gguf, mine.threads)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(json.dumps(peer), flush=True)
             rows.append(peer)
             for activations in mine.activations:
-                for row in ours(gguf, args, activations):
+                for row in ours(gguf, args, activations, num_active):
                     row = {**base, "system": row.pop("family"), **row}
                     if row["batch"] == 1:
                         row["vs_llama_cpp"] = round(

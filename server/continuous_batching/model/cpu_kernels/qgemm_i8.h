@@ -181,6 +181,7 @@ int64_t quant_i8_columns(const QuantWeight& w, const QuantizedRows& xq, int64_t 
   for (; col + NC <= col1; col += NC) {
     for (int c = 0; c < NC; ++c) {
       expand_scales(w, col + c, s + c * ng, o + c * ng);
+      prefetch_scales(w, col + NC + c);
       // One row of x: fold its group scales in once per column (the same product s * d the
       // loop would form per group), leaving the loop one broadcast per group.
       if constexpr (R == 1) times_row(s + c * ng, xq.scale.data() + r * ng, ng);
