@@ -23,7 +23,6 @@ from server.continuous_batching.runner.decode_buckets import (
     decode_buckets,
     pad_decode_inputs,
 )
-from server.continuous_batching.runner.huge_pages import huge_page_mib, request_huge_pages
 from server.continuous_batching.runner.kv_cache import KVCache
 from server.continuous_batching.runner.kv_memory import (
     measure_cuda_memory,
@@ -64,10 +63,7 @@ class ModelRunner:
             torch.set_num_threads(loading.num_threads)
         #: The ``model_loading_config`` the model was loaded from.
         self.loading_config = loading
-        is_huge_paged = loading.device == "cpu" and request_huge_pages()
         self.model, self.arch = load_model(loading)
-        if is_huge_paged:
-            logger.info("weights loaded; %s MiB on huge pages", huge_page_mib())
         self.device = self.model.device
         self.dtype = self.model.dtype
         self.max_model_len = resolve_max_model_len(
