@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import run_environment, wait_for_quiet_machine
+from benchmarks import run_environment, wait_for_quiet_machine, write_json
 from benchmarks.families import build_checkpoint, measure
 from benchmarks.families import parse_args as families_args
 from benchmarks.gpu import REPO_ROOT, EngineBench
@@ -83,8 +83,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     result["config"] = {
         k: str(v) if isinstance(v, Path) else v for k, v in result["config"].items()
     }
-    ours.out.parent.mkdir(parents=True, exist_ok=True)
-    ours.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, ours.out)
     print(f"wrote {ours.out}", flush=True)
     return result
 

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from benchmarks import run_environment, wait_for_quiet_machine
+from benchmarks import run_environment, wait_for_quiet_machine, write_json
 from benchmarks.families import build_checkpoint, measure
 from benchmarks.families import parse_args as families_args
 from benchmarks.gpu import REPO_ROOT, EngineBench
@@ -128,8 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "environment": run_environment(),
         "results": rows,
     }
-    mine.out.parent.mkdir(parents=True, exist_ok=True)
-    mine.out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(result, mine.out)
     print(f"wrote {mine.out}", flush=True)
     return result
 
