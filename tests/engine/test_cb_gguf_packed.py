@@ -103,6 +103,8 @@ def test_mixed_types_and_untied_head(tmp_path) -> None:
     packed, plain = _load(path, False), _load(path, True)
     linears = _linears(packed.layers[0])
     assert isinstance(linears["qkv"], ConcatLinear)  # Q4_K q/k, Q6_K v: separate parts
+    # q and k share a layout: one stacked matmul, then v's.
+    assert [p.weight.source for p in linears["qkv"].parts] == ["Q4_K", "Q6_K"]
     assert isinstance(linears["down"], PackedLinear) and packed.lm_head is None
     assert not isinstance(linears["gate_up"], PackedLinear | ConcatLinear)  # F16 gate: dense
     level = packed.cpu_path.level

@@ -125,16 +125,19 @@ def test_int8_activations_match_the_quantised_x_in_float64(kernels, qtype, rows,
     rng = np.random.default_rng(rows * 10 + int(qtype))
     weight = repack(random_blocks(qtype, 21, _k_for(qtype, 2), rng), qtype)
     assert has_int8_layout(weight)  # every packed type has a layout the int8 kernel takes
+    # K-quants: x is quantised per 256-weight super-block (qgemm_super.h), others per group.
+    is_k_quant = qtype in (T.Q4_K, T.Q5_K, T.Q6_K)
+    assert weight.activation_group == (256 if is_k_quant else weight.group)
     gen = torch.Generator().manual_seed(rows + 7)
     x = torch.randn(rows, weight.in_features, generator=gen).to(dtype)
-    x[0, : weight.group] = 0.0  # an all-zero group: scale 0, no division by zero
+    x[0, : weight.activation_group] = 0.0  # an all-zero group: scale 0, no division by zero
     bias = torch.randn(21, generator=gen)
     if not kernels.has_int8_activations:  # the generic build: refused, by name
         with pytest.raises(RuntimeError, match="int8 activations need a build with AVX2"):
             _quant_linear(kernels, x, weight, bias, is_int8_activations=True)
         return
     got = _quant_linear(kernels, x, weight, bias, is_int8_activations=True)
-    x_used = quantize_activations(x, weight.group)
+    x_used = quantize_activations(x, weight.activation_group)
     expected = _reference(x_used, weight, bias)
     tolerance = 2e-5 if dtype == torch.float32 else 8e-3
     scale = expected.abs().max().item()

@@ -68,6 +68,26 @@ class PackedWeight:
         parts += [self.super_scale, self.super_offset]
         return sum(p.numel() * p.element_size() for p in parts if p is not None)
 
+    @property
+    def activation_group(self) -> int:
+        """How many of x's values share one int8 scale when the int8-activation kernel runs
+        this weight: a whole super-block where the group scales are small integers under a
+        float32 super scale (Q4_K, Q5_K, Q6_K, GPTQ g128: ``cpu_kernels/qgemm_super.h`` sums
+        the super-block in integers), else one weight group."""
+        if self.super_scale is None:
+            return self.group
+        per_super = self.group_scale.shape[1] // self.super_scale.shape[1]
+        span = self.group * per_super
+        has_offset = self.group_offset is not None
+        if has_offset and (self.group_offset.dtype != torch.uint8 or self.super_offset is None):
+            return self.group
+        is_unsigned = self.group_scale.dtype == torch.uint8 and has_offset
+        is_signed = self.group_scale.dtype == torch.int8 and not has_offset
+        is_super = (is_unsigned and self.group == 32 and per_super in (4, 8)) or (
+            is_signed and self.bits == 8 and self.group == 16 and per_super == 16
+        )
+        return span if is_super and self.in_features % span == 0 else self.group
+
     def tensors(self) -> list[torch.Tensor | None]:
         """Every row-indexed tensor, in field order (None where absent)."""
         return [

@@ -33,7 +33,8 @@ def has_int8_layout(weight: PackedWeight) -> bool:
 
 def quantize_activations(x: torch.Tensor, group: int) -> torch.Tensor:
     """``x`` [M, K] as the int8 kernel sees it, dequantised (float32): per group of ``group``
-    values, codes round(x * 127 / max|x|) (half to even) times max|x| / 127."""
+    values (``PackedWeight.activation_group``), codes round(x * 127 / max|x|) (half to even)
+    times max|x| / 127."""
     groups = x.float().reshape(x.shape[0], -1, group)
     amax = groups.abs().amax(dim=-1, keepdim=True)
     inverse = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
@@ -45,7 +46,8 @@ class PackedLinear:
     """``x @ W.T + bias`` with W a ``PackedWeight``; output in x's dtype (float32 or bf16),
     computed in float32 and rounded once.
 
-    ``is_int8_activations``: x is quantised to int8 per weight group first, as llama.cpp does
+    ``is_int8_activations``: x is quantised to int8 per weight group (K-quants: per
+    super-block) first, as llama.cpp does
     (integer dot products; about twice the speed of the float kernel), where the kernels and
     the weight's layout allow it (``self.is_int8``); the reference path quantises x the same
     way, so both paths compute the same product.
@@ -97,7 +99,9 @@ class PackedLinear:
         first when ``is_int8``)."""
         if self.input_order is not None:
             x = x.index_select(-1, self.input_order)
-        x_used = quantize_activations(x, self.weight.group) if self.is_int8 else x.float()
+        x_used = (
+            quantize_activations(x, self.weight.activation_group) if self.is_int8 else x.float()
+        )
         return F.linear(x_used, self.weight.dequantize(), self.bias).to(x.dtype)
 
     def add_to(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -129,19 +133,42 @@ def fused_packed_linear(
 ) -> PackedLinear | ConcatLinear:
     """A fused matmul (q/k/v, gate/up) over packed parts: one ``PackedLinear`` over their
     stacked rows when their layouts and input orders agree, else a ``ConcatLinear`` of one
-    per part. In a group where some part has a bias, the others get zeros."""
+    per run of neighbouring parts that agree. In a group where some part has a bias, the others
+    get zeros."""
     orders = input_orders or [None] * len(weights)
     if any(b is not None for b in biases):
         pairs = zip(weights, biases, strict=True)
         biases = [torch.zeros(w.num_rows) if b is None else b.float() for w, b in pairs]
-    first = orders[0]
-    is_same_order = all(
-        (o is None and first is None)
-        or (o is not None and first is not None and torch.equal(o, first))
-        for o in orders
-    )
-    if is_same_order and len({w.layout_key() for w in weights}) == 1:
-        bias = None if biases[0] is None else torch.cat(biases)  # type: ignore[arg-type]
-        return PackedLinear(concat_rows(weights), bias, kernels, is_int8_activations, first)
-    parts = zip(weights, biases, orders, strict=True)
-    return ConcatLinear([PackedLinear(w, b, kernels, is_int8_activations, o) for w, b, o in parts])
+    # Runs of neighbouring parts with one layout and input order are stacked into one packed
+    # weight (Q4_K_M's Q4_K q and k, beside its Q6_K v): one matmul call each.
+    runs: list[list[int]] = []
+    for i, weight in enumerate(weights):
+        if runs and _is_stackable(weights[runs[-1][0]], orders[runs[-1][0]], weight, orders[i]):
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    linears = [_stacked(run, weights, biases, orders, kernels, is_int8_activations) for run in runs]
+    return linears[0] if len(linears) == 1 else ConcatLinear(linears)
+
+
+def _is_stackable(
+    a: PackedWeight, a_order: torch.Tensor | None, b: PackedWeight, b_order: torch.Tensor | None
+) -> bool:
+    """True when ``b``'s rows can join ``a``'s in one packed weight."""
+    if a.layout_key() != b.layout_key() or (a_order is None) != (b_order is None):
+        return False
+    return a_order is None or torch.equal(a_order, b_order)
+
+
+def _stacked(
+    run: list[int],
+    weights: list[PackedWeight],
+    biases: list[torch.Tensor | None],
+    orders: list[torch.Tensor | None],
+    kernels: ModuleType | None,
+    is_int8_activations: bool,
+) -> PackedLinear:
+    """One ``PackedLinear`` over the parts ``run`` (indices), their rows stacked."""
+    weight = concat_rows([weights[i] for i in run]) if len(run) > 1 else weights[run[0]]
+    bias = None if biases[run[0]] is None else torch.cat([biases[i] for i in run])  # type: ignore[misc]
+    return PackedLinear(weight, bias, kernels, is_int8_activations, orders[run[0]])
