@@ -47,14 +47,6 @@ QuantizedRows quantize_rows(const float* x, int64_t m, int64_t k, int64_t group)
   return q;
 }
 
-// values[i] *= by[i], 8 at a time.
-inline void times_row(float* values, const float* by, int64_t count) {
-  int64_t i = 0;
-  for (; i + 8 <= count; i += 8)
-    _mm256_storeu_ps(values + i, _mm256_mul_ps(_mm256_loadu_ps(values + i), _mm256_loadu_ps(by + i)));
-  for (; i < count; ++i) values[i] *= by[i];
-}
-
 // Step t's 32 weight codes of one row, ready for maddubs: 4-bit codes as unsigned bytes in
 // element order (low nibbles are elements 0-15, high ones 16-31); 8-bit codes as they are.
 template <int B>
@@ -95,27 +87,33 @@ inline __m256i step_dot(__m256i q, __m256i x) {
 }
 
 // The step's scale per lane: one group's s * d, or (G = 16) lanes 0-3 and 4-7 for two groups.
-// With one row of x, ``d`` is null: the caller folded x's scales into ``s`` already.
 template <int G>
-inline __m256 step_scale(const float* s, const float* d, int64_t t) {
-  if constexpr (G == 32) return _mm256_set1_ps(d ? s[t] * d[t] : s[t]);
-  const float lo = d ? s[2 * t] * d[2 * t] : s[2 * t];
-  const float hi = d ? s[2 * t + 1] * d[2 * t + 1] : s[2 * t + 1];
-  return _mm256_set_m128(_mm_set1_ps(hi), _mm_set1_ps(lo));
+inline __m256 step_scale(const float* sd, int64_t t) {
+  if constexpr (G == 32) return _mm256_set1_ps(sd[t]);
+  return _mm256_set_m128(_mm_set1_ps(sd[2 * t + 1]), _mm_set1_ps(sd[2 * t]));
 }
 
-// R rows of quantised x against NC weight rows from col0: out [R][NC]. ``s``/``o`` hold the NC
-// columns' expanded group scales and offsets, [NC][ng] each; for one row of x (R = 1) ``s``
-// already holds s * d (see quant_i8_columns).
+// values[i] = a[i] * b[i], 8 at a time.
+inline void times_rows(float* values, const float* a, const float* b, int64_t count) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    _mm256_storeu_ps(values + i, _mm256_mul_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i)));
+  for (; i < count; ++i) values[i] = a[i] * b[i];
+}
+
+// R rows of quantised x against NC weight rows from col0: out [R][NC]. ``sd`` holds each row's
+// products of the columns' group scales with its own x scales, [R][NC][ng]; ``o`` the columns'
+// expanded offsets, [NC][ng] (see quant_i8_columns).
 // Loop order: per step, one column at a time and every row against it, so that only that
 // column's codes are live (holding all NC columns' codes spilled registers to the stack).
 template <int R, int NC, int B, int G>
 void quant_i8_block(const QuantWeight& w, const QuantizedRows& xq, int64_t r0, int64_t col0,
-                    const float* s, const float* o, float* out) {
+                    const float* sd, const float* o, float* out) {
   const int64_t ng = w.num_groups, k = w.k, steps = k / 32;
   const uint8_t* codes = w.codes + col0 * w.row_bytes;
   const int8_t* x = xq.codes.data() + r0 * k;
-  const auto x_scale = [&](int r) { return R == 1 ? nullptr : xq.scale.data() + (r0 + r) * ng; };
+  // Row r's products s * d against column c: [R][NC][ng].
+  const auto scales = [&](int r, int c) { return sd + (r * NC + c) * ng; };
   __m256 acc[R][NC];
   for (int r = 0; r < R; ++r)
     for (int c = 0; c < NC; ++c) acc[r][c] = _mm256_setzero_ps();
@@ -127,21 +125,14 @@ void quant_i8_block(const QuantWeight& w, const QuantizedRows& xq, int64_t r0, i
         step_codes_pair(codes + c * w.row_bytes, t, q0, q1);
         // The next block's rows at this offset (see prefetch_next_block).
         if ((t & 7) == 0) prefetch_next_block(codes + (c + NC) * w.row_bytes + t * 16);
-        const __m256 s0 = step_scale<G>(s + c * ng, x_scale(0), t);
-        const __m256 s1 = step_scale<G>(s + c * ng, x_scale(0), t + 1);
         for (int r = 0; r < R; ++r) {
           const int8_t* xr = x + r * k + t * 32;
           const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr));
           const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr + 32));
           const __m256 dots0 = _mm256_cvtepi32_ps(step_dot<B>(q0, x0));
           const __m256 dots1 = _mm256_cvtepi32_ps(step_dot<B>(q1, x1));
-          if constexpr (R == 1) {
-            acc[0][c] = _mm256_fmadd_ps(dots0, s0, acc[0][c]);
-            acc[0][c] = _mm256_fmadd_ps(dots1, s1, acc[0][c]);
-          } else {
-            acc[r][c] = _mm256_fmadd_ps(dots0, step_scale<G>(s + c * ng, x_scale(r), t), acc[r][c]);
-            acc[r][c] = _mm256_fmadd_ps(dots1, step_scale<G>(s + c * ng, x_scale(r), t + 1), acc[r][c]);
-          }
+          acc[r][c] = _mm256_fmadd_ps(dots0, step_scale<G>(scales(r, c), t), acc[r][c]);
+          acc[r][c] = _mm256_fmadd_ps(dots1, step_scale<G>(scales(r, c), t + 1), acc[r][c]);
         }
       }
     }
@@ -153,7 +144,7 @@ void quant_i8_block(const QuantWeight& w, const QuantizedRows& xq, int64_t r0, i
       for (int r = 0; r < R; ++r) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + r * k + t * 32));
         const __m256 dots = _mm256_cvtepi32_ps(step_dot<B>(q, xv));
-        acc[r][c] = _mm256_fmadd_ps(dots, step_scale<G>(s + c * ng, x_scale(r), t), acc[r][c]);
+        acc[r][c] = _mm256_fmadd_ps(dots, step_scale<G>(scales(r, c), t), acc[r][c]);
       }
     }
   }
@@ -171,16 +162,18 @@ int64_t quant_i8_columns(const QuantWeight& w, const QuantizedRows& xq, int64_t 
   const int64_t ng = w.num_groups;
   float* s = scratch;
   float* o = scratch + NC * ng;
+  float* sd = scratch + 2 * NC * ng;  // [R][NC][ng]
   float ys[R * NC];
   for (; col + NC <= col1; col += NC) {
     for (int c = 0; c < NC; ++c) {
       expand_scales(w, col + c, s + c * ng, o + c * ng);
       prefetch_scales(w, col + NC + c);
-      // One row of x: fold its group scales in once per column (the same product s * d the
-      // loop would form per group), leaving the loop one broadcast per group.
-      if constexpr (R == 1) times_row(s + c * ng, xq.scale.data() + r * ng, ng);
+      // Each row of x's group scales folded in once per column (the product s * d the loop
+      // would form per group and row), leaving the loop one broadcast per group.
+      for (int i = 0; i < R; ++i)
+        times_rows(sd + (i * NC + c) * ng, s + c * ng, xq.scale.data() + (r + i) * ng, ng);
     }
-    quant_i8_block<R, NC, B, G>(w, xq, r, col, s, o, ys);
+    quant_i8_block<R, NC, B, G>(w, xq, r, col, sd, o, ys);
     for (int i = 0; i < R; ++i)
       for (int c = 0; c < NC; ++c) sink.put(r + i, col + c, ys[i * NC + c]);
   }
@@ -233,7 +226,8 @@ at::Tensor quant_linear_i8(const at::Tensor& x, const QuantWeight& w,
   const at::Tensor bias_f = float_bias(bias, n);
   const QuantOut sink = sink_of(out, bias_f);
   at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
-    std::vector<float> scratch(2 * kQuantDecodeColumns * ng);
+    // s and o of up to two columns, and their products with up to four rows' x scales.
+    std::vector<float> scratch((2 + kQuantTileRows) * 2 * ng);
     for (int64_t chunk = c0; chunk < c1; ++chunk) {
       const int64_t col0 = chunk * kQuantColumns, col1 = std::min(n, col0 + kQuantColumns);
       for (int64_t r = 0; r < m; r += kQuantTileRows)
