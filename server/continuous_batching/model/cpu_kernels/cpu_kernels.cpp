@@ -8,6 +8,8 @@
 //   elementwise.h  RMSNorm, SiLU- and GELU-tanh-and-mul, RoPE + K/V writes, logit refinement
 //   gemm.h         the bf16 matmul of the linear layers and its weight packing
 //   qgemm.h        the matmul of weights kept quantised (repacked GGUF types)
+//   qgemm_i8.h     the same with int8 activations, per weight group
+//   qgemm_super.h  int8 activations per super-block, integer sums (K-quants, GPTQ g128)
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags
 // name its ISA level (cpu_isa.py); the module says which with ``isa`` and ``gemm``.
