@@ -66,7 +66,7 @@ def test_groups_under_32_channels_are_refused() -> None:
 
 @pytest.mark.parametrize("is_int8", [False, True])
 @pytest.mark.parametrize("level", kernel_levels())
-@pytest.mark.parametrize("case", ["g128_short_last_group", "g32_act_order"])
+@pytest.mark.parametrize("case", ["g128_v2", "g128_short_last_group", "g32_act_order"])
 def test_kernels_equal_the_reference(case: str, level: str, is_int8: bool) -> None:
     kernels = cpu_kernels.load(level)
     parts = [_layer(case, seed)[1] for seed in (1, 2)]
@@ -78,6 +78,10 @@ def test_kernels_equal_the_reference(case: str, level: str, is_int8: bool) -> No
     # Act-order parts quantised apart have their own input orders: one linear each.
     expected_type = ConcatLinear if CASES[case][2] else PackedLinear
     assert isinstance(fused, expected_type) and isinstance(reference, expected_type)
+    # int8 activations: g128 in whole groups is summed in integers per 128-weight super-block
+    # (qgemm_super.h), the others per packed group of 32.
+    first = fused.parts[0] if isinstance(fused, ConcatLinear) else fused
+    assert first.weight.activation_group == (128 if case == "g128_v2" else 32)
     x = torch.randn(3, CASES[case][0], generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(fused(x), reference(x), rtol=1e-5, atol=1e-4)
 

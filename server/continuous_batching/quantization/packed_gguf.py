@@ -83,9 +83,12 @@ class PackedWeight:
             return self.group
         is_unsigned = self.group_scale.dtype == torch.uint8 and has_offset
         is_signed = self.group_scale.dtype == torch.int8 and not has_offset
-        is_super = (is_unsigned and self.group == 32 and per_super in (4, 8)) or (
-            is_signed and self.bits == 8 and self.group == 16 and per_super == 16
-        )
+        # The layouts of ``with_super_layout`` (qgemm_super.h): Q4_K and GPTQ int4 g128, Q5_K;
+        # Q6_K.
+        unsigned_layouts = ((4, 8), (4, 4), (8, 8))
+        is_super = (
+            is_unsigned and self.group == 32 and (self.bits, per_super) in unsigned_layouts
+        ) or (is_signed and self.bits == 8 and self.group == 16 and per_super == 16)
         return span if is_super and self.in_features % span == 0 else self.group
 
     def tensors(self) -> list[torch.Tensor | None]:

@@ -230,7 +230,6 @@ inline bool with_super_layout(const QuantWeight& w, Fn&& fn) {
     if (w.bits == 4 && s == 8) return call(Const<4>{}, Const<32>{}, Const<8>{}, No{}, Yes{});
     if (w.bits == 4 && s == 4) return call(Const<4>{}, Const<32>{}, Const<4>{}, No{}, Yes{});
     if (w.bits == 8 && s == 8) return call(Const<8>{}, Const<32>{}, Const<8>{}, No{}, Yes{});
-    if (w.bits == 8 && s == 4) return call(Const<8>{}, Const<32>{}, Const<4>{}, No{}, Yes{});
   }
   if (w.bits == 8 && w.group == 16 && is_i8 && !has_offset && s == 16)
     return call(Const<8>{}, Const<16>{}, Const<16>{}, Yes{}, No{});
