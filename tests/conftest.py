@@ -7,7 +7,10 @@ fixtures of one area live in that area's ``conftest.py`` (``tests/triton/conftes
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +19,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Load caches (packed GGUF weights, converted tokenizers) of this session only: never the
+# user's, and every session starts cold (its first load of a file repacks, later ones map).
+if "LLM_SUITE_CACHE_DIR" not in os.environ:
+    _CACHE = tempfile.mkdtemp(prefix="llm_suite_test_cache_")
+    os.environ["LLM_SUITE_CACHE_DIR"] = _CACHE
+    atexit.register(shutil.rmtree, _CACHE, ignore_errors=True)
 # Off a GPU the Triton kernels run in Triton's CPU interpreter. Triton reads this when it is
 # first imported, and transformers' model modules import it (through torch._dynamo) while
 # pytest collects, before any Triton test module could set it: so it is set for the session.

@@ -12,17 +12,22 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import transformers
 from transformers import AutoTokenizer
 
 from protocol.generation import GenerationConfig
 from server.common.backend import SequenceRequest, TextDelta
 from server.continuous_batching.decoding.decoder import Decoder, RequestOutput, StepTokens
 from server.continuous_batching.engine_config import EngineConfig, ModelLoadingConfig
+from server.continuous_batching.load_cache import cache_root, source_key
 from server.continuous_batching.model.architecture import ModelArchConfig
+from server.continuous_batching.model.gguf_file import GGUFFile
 from server.continuous_batching.runner.model_runner import ModelRunner
 from server.continuous_batching.sampling.sampler import LogitsSampler
 from server.continuous_batching.scheduling.block_manager import BlockManager
@@ -55,7 +60,8 @@ def load_tokenizer(config: ModelLoadingConfig) -> tuple[Any, Path]:
     """The tokenizer, and the folder whose ``generation_config.json`` gives the EOS ids.
 
     ``tokenizer_name_or_path`` if set, else the model folder; GGUF weights without a tokenizer
-    folder use the tokenizer embedded in the GGUF file (transformers converts it).
+    folder use the tokenizer embedded in the GGUF file (transformers converts it, once:
+    ``gguf_tokenizer`` keeps the result).
     ``use_fast_tokenizer`` and ``trust_remote_code`` go to ``AutoTokenizer`` as they are.
     """
     options: dict[str, Any] = {
@@ -70,9 +76,34 @@ def load_tokenizer(config: ModelLoadingConfig) -> tuple[Any, Path]:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_path, **options)
         return tokenizer, Path(tokenizer_path if gguf is not None else model_path)
     if gguf is not None:
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **options)
+        tokenizer = gguf_tokenizer(gguf, cache_root(config.load_cache_dir), options)
         return tokenizer, gguf.parent
     return AutoTokenizer.from_pretrained(model_path, **options), Path(model_path)
+
+
+def gguf_tokenizer(gguf: Path, root: Path, options: dict[str, Any]) -> Any:
+    """The tokenizer embedded in ``gguf`` (transformers converts it; the chat template is the
+    file's ``tokenizer.chat_template``), saved under ``<root>/tokenizers/`` after the first
+    conversion and loaded from there afterwards."""
+    folder = root / "tokenizers" / f"{gguf.stem}-{source_key(gguf, transformers.__version__)}"
+    if (folder / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(folder), **options)
+        except (OSError, ValueError) as error:
+            logger.warning("ignoring damaged cached tokenizer %s: %s", folder, error)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, **options)
+    if not getattr(tokenizer, "chat_template", None):
+        # transformers leaves the file's template out; llama.cpp and Ollama chat with it.
+        tokenizer.chat_template = GGUFFile(gguf).value("tokenizer.chat_template")
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    try:
+        shutil.rmtree(folder, ignore_errors=True)  # a damaged entry
+        tokenizer.save_pretrained(str(tmp))
+        tmp.rename(folder)
+    except OSError as error:
+        logger.warning("tokenizer of %s not cached in %s: %s", gguf, folder, error)
+        shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer
 
 
 def load_eos_token_ids(model_path: str | Path, tokenizer: Any) -> list[int]:

@@ -104,6 +104,18 @@ class ModelLoadingConfig(ConfigSection):
         "value off by up to 1/254 of its block's largest, which derails a model as small as "
         "SmolLM2-135M)",
     )
+    cache_packed_weights: bool = Field(
+        default=True,
+        description="keep the packed form of a quantised GGUF on disk after its first load "
+        "(under load_cache_dir; about the file's size): later starts memory-map it instead of "
+        "repacking. One entry per file, replaced when the file changes",
+    )
+    load_cache_dir: str | None = Field(
+        default=None,
+        description="folder of the load caches (packed weights, tokenizers converted from "
+        "GGUF files); default $LLM_SUITE_CACHE_DIR, else $XDG_CACHE_HOME/llm_suite "
+        "(~/.cache/llm_suite)",
+    )
     gguf_file: str | None = Field(
         default=None,
         description="GGUF file (in model_name_or_path, or a path); a model_name_or_path "

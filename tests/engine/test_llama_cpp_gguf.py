@@ -1,10 +1,13 @@
 """GGUF files written by llama.cpp's own converter (``convert_hf_to_gguf.py`` from the
 llama-cpp-python sdist, through ``harness.llama_cpp``) load into the engine and give the
-tokens transformers gives on the Hugging Face folder they were converted from."""
+tokens transformers gives on the Hugging Face folder they were converted from; the tokenizer
+converted from such a file (with the file's chat template) is kept, and the kept one tokenizes
+as the conversion does."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -12,7 +15,9 @@ from transformers import LlamaConfig, PreTrainedModel
 
 from harness import llama_cpp
 from protocol.generation import GenerationConfig
-from server.continuous_batching.engine import LLMEngine
+from server.continuous_batching import engine as cb_engine
+from server.continuous_batching.engine import LLMEngine, gguf_tokenizer
+from server.continuous_batching.model.gguf_file import GGUFFile
 from server.continuous_batching.runner.model_runner import ModelRunner
 from tests.support.default_model import engine_config
 from tests.support.tiny_checkpoints import VOCAB_SIZE, write_tiny_checkpoint
@@ -57,3 +62,34 @@ def test_llama_cpp_converted_gguf_gives_transformers_tokens(converted) -> None:
     results = engine.generate(PROMPTS, [GenerationConfig(max_new_tokens=NUM_NEW_TOKENS)] * 2)
     ours = [[t for d in deltas for t in d.token_ids] for deltas in results]
     assert ours == [hf_greedy(model, p) for p in PROMPTS]
+
+
+def test_gguf_tokenizer_is_converted_once(
+    converted, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizer transformers converts from the GGUF is kept: the second start loads the
+    saved one, which encodes, decodes and templates exactly as the conversion does."""
+    _, gguf = converted
+    root, options = tmp_path / "cache", {"local_files_only": True}
+    first = gguf_tokenizer(gguf, root, options)
+    assert len(list((root / "tokenizers").iterdir())) == 1
+    convert = cb_engine.AutoTokenizer.from_pretrained
+
+    def no_conversion(*args: Any, **kwargs: Any) -> Any:
+        assert "gguf_file" not in kwargs, "converted again although the cache holds it"
+        return convert(*args, **kwargs)
+
+    monkeypatch.setattr(cb_engine.AutoTokenizer, "from_pretrained", no_conversion)
+    second = gguf_tokenizer(gguf, root, options)
+    texts = ["The capital of France is", " héllo\n\n  wörld 123 <|im_end|>", "a" * 50]
+    for text in texts:
+        ids = first.encode(text)
+        assert second.encode(text) == ids
+        assert second.decode(ids) == first.decode(ids)
+    assert (second.bos_token_id, second.eos_token_id) == (first.bos_token_id, first.eos_token_id)
+    # The file's own template (which transformers' conversion leaves out): the default model's.
+    assert first.chat_template == GGUFFile(gguf).value("tokenizer.chat_template")
+    assert "<|im_start|>" in first.chat_template
+    chat = [{"role": "user", "content": "Hi"}]
+    kwargs = {"tokenize": False, "add_generation_prompt": True}
+    assert second.apply_chat_template(chat, **kwargs) == first.apply_chat_template(chat, **kwargs)

@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from gguf import GGUFReader
 
 from .architecture import UnsupportedModelError
+from .gguf_file import GGUFFile
 from .weights_gguf_gemma import GEMMA_GGUF, GEMMA_LAYER_NAMES
 
 #: GGUF architecture -> (Hugging Face architecture, our family) of the non-llama ones.
@@ -51,12 +51,11 @@ PERMUTED_ARCHITECTURES: tuple[str, ...] = ("llama",)
 CONFIG_TENSORS: tuple[str, ...] = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.value(key, default)
 
 
-def rope_scaling(reader: GGUFReader, arch: str, context_length: int) -> dict[str, Any] | None:
+def rope_scaling(reader: GGUFFile, arch: str, context_length: int) -> dict[str, Any] | None:
     """The ``rope_scaling`` of a GGUF (None: plain RoPE): linear, yarn, or LongRoPE from the
     factor tensors; UnsupportedModelError for any other scaling type."""
     tensors = {t.name: t for t in reader.tensors}
@@ -79,7 +78,7 @@ def rope_scaling(reader: GGUFReader, arch: str, context_length: int) -> dict[str
 
 
 def _longrope(
-    reader: GGUFReader, arch: str, tensors: dict[str, Any], context_length: int
+    reader: GGUFFile, arch: str, tensors: dict[str, Any], context_length: int
 ) -> dict[str, Any]:
     """Phi-3's LongRoPE back from the two factor tensors and their metadata."""
     original = _field(reader, f"{arch}.rope.scaling.original_context_length")
@@ -101,7 +100,7 @@ def _longrope(
     return scaling
 
 
-def sliding_window(reader: GGUFReader, arch: str, context_length: int) -> int | None:
+def sliding_window(reader: GGUFFile, arch: str, context_length: int) -> int | None:
     """The attention window a GGUF names, when it binds (shorter than the context)."""
     window = _field(reader, f"{arch}.attention.sliding_window")
     return int(window) if window and int(window) < context_length else None

@@ -25,10 +25,10 @@ from itertools import chain
 from pathlib import Path
 
 import torch
-from gguf import GGUFReader
 from safetensors import safe_open
 
 from ..engine_config import ModelLoadingConfig
+from ..load_cache import cache_root
 from ..quantization.gptq import (
     GPTQConfig,
     dequantize_gptq,
@@ -37,12 +37,14 @@ from ..quantization.gptq import (
     split_gptq_checkpoint,
 )
 from ..quantization.gptq_packed import GPTQPacking
+from ..quantization.packed_cache import PackedCache
 from ..quantization.packed_linear import kernels_can_pack
 from ..quantization.quant_linear import QuantLinear, fuse
 from . import cpu_isa
 from .architecture import ModelArchConfig
 from .families import read_hf_config
 from .gemma import GemmaForCausalLM
+from .gguf_file import GGUFFile
 from .llama import LlamaForCausalLM
 from .model_classes import model_class_for
 from .moe_weights import canonical_expert_tensors
@@ -222,7 +224,7 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
 
 
 def _install_gguf_packed(
-    model: LlamaForCausalLM, reader: GGUFReader, arch: ModelArchConfig, config: ModelLoadingConfig
+    model: LlamaForCausalLM, reader: GGUFFile, arch: ModelArchConfig, config: ModelLoadingConfig
 ) -> set[str]:
     """Keep the GGUF's quantised matmul weights packed where the CPU kernels run (see
     ``weights_gguf_packed``; int8 activations as ``config.gguf_activations`` says); returns
@@ -235,13 +237,19 @@ def _install_gguf_packed(
         model.weight_format = f"gguf dequantised to {dtype_name} at load"
         return set()
     is_int8 = config.gguf_activations == "int8"
-    load = install_packed_linears(model, reader, arch, kernels, is_int8)
+    cache = None
+    if config.cache_packed_weights:
+        cache = PackedCache(reader.path, cache_root(config.load_cache_dir))
+    start = time.perf_counter()
+    load = install_packed_linears(model, reader, arch, kernels, is_int8, cache)
     model.weight_format = load.describe(model.cpu_path.level)
     logger.info(
-        "GGUF weights kept quantised: %s; %d tensors, %.1f MiB packed",
+        "GGUF weights kept quantised: %s; %d tensors, %.1f MiB packed, %s in %.1f s",
         model.weight_format,
         sum(load.num_tensors.values()),
         load.num_bytes / 2**20,
+        "mapped from the cache" if load.is_cached else "repacked",
+        time.perf_counter() - start,
     )
     return load.consumed
 

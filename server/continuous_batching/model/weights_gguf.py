@@ -24,11 +24,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import GGUFReader
 from gguf.quants import dequantize
 
 from . import gguf_families
 from .architecture import ModelArchConfig, UnsupportedModelError
+from .gguf_file import GGUFFile
 from .weights_gguf_gemma import GEMMA_GGUF, with_gguf_gemma
 from .weights_gguf_moe import (
     GGUF_MOE_ARCHITECTURES,
@@ -64,19 +64,18 @@ _LAYER_NAMES: dict[str, str] = {
 }
 
 
-def open_gguf(path: str | Path) -> GGUFReader:
+def open_gguf(path: str | Path) -> GGUFFile:
     """Memory-map a GGUF file (tensor data is read when dequantised)."""
     if not Path(path).is_file():
         raise FileNotFoundError(f"GGUF file {path} not found")
-    return GGUFReader(str(path))
+    return GGUFFile(path)
 
 
-def _field(reader: GGUFReader, key: str, default: Any = None) -> Any:
-    field = reader.fields.get(key)
-    return default if field is None else field.contents()
+def _field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.value(key, default)
 
 
-def read_gguf_config(reader: GGUFReader) -> ModelArchConfig:
+def read_gguf_config(reader: GGUFFile) -> ModelArchConfig:
     """Build the architecture config from the GGUF metadata and tensor list."""
     arch = _field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
@@ -158,7 +157,7 @@ def has_permuted_rope_rows(config: ModelArchConfig) -> bool:
 
 
 def iter_gguf(
-    reader: GGUFReader, config: ModelArchConfig, skip: Collection[str] = ()
+    reader: GGUFFile, config: ModelArchConfig, skip: Collection[str] = ()
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (hf_name, float32 tensor) for every tensor but those named in ``skip`` (GGUF
     names: kept quantised elsewhere), dequantised one at a time. Unknown tensor names are

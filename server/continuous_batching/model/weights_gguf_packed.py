@@ -24,12 +24,13 @@ from types import ModuleType
 
 import numpy as np
 import torch
-from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
+from ..quantization.packed_cache import PackedCache
 from ..quantization.packed_gguf import PACKABLE_TYPES, PackedWeight, repack
 from ..quantization.packed_linear import ConcatLinear, PackedLinear, fused_packed_linear
 from .architecture import ModelArchConfig
+from .gguf_file import GGUFFile, GGUFTensor
 from .llama import LlamaForCausalLM
 from .weights_gguf import has_permuted_rope_rows, unpermute_rope_rows
 
@@ -54,6 +55,8 @@ class PackedLoad:
     num_bytes: int = 0
     #: Packed matmuls that quantise their input to int8 (``PackedLinear.is_int8``).
     is_int8_activations: bool = False
+    #: The packed weights were read from the on-disk cache (``packed_cache``), not repacked.
+    is_cached: bool = False
 
     def add(self, name: str, weight: PackedWeight, linear: PackedLinear | ConcatLinear) -> None:
         """Record one source tensor packed as ``weight``, run by ``linear``."""
@@ -87,17 +90,25 @@ def _rope_heads(name: str, config: ModelArchConfig) -> int | None:
     return None
 
 
-def packed_weight_of(tensor: ReaderTensor, config: ModelArchConfig) -> PackedWeight:
-    """One quantised GGUF matrix repacked, its q/k rows back in Hugging Face order."""
+def packed_weight_of(
+    tensor: GGUFTensor, config: ModelArchConfig, cache: PackedCache | None = None
+) -> PackedWeight:
+    """One quantised GGUF matrix repacked, its q/k rows back in Hugging Face order (from
+    ``cache`` where it holds the tensor; else repacked, and handed to ``cache``)."""
+    weight = None if cache is None else cache.get(tensor.name)
+    if weight is not None:
+        return weight
     weight = repack(np.asarray(tensor.data), tensor.tensor_type)
     heads = _rope_heads(tensor.name, config)
     if heads is not None:
         order = unpermute_rope_rows(torch.arange(weight.num_rows), heads)
         weight = weight.select_rows(order)
+    if cache is not None:
+        cache.put(tensor.name, weight)
     return weight
 
 
-def _dense_bias(tensor: ReaderTensor | None, config: ModelArchConfig) -> torch.Tensor | None:
+def _dense_bias(tensor: GGUFTensor | None, config: ModelArchConfig) -> torch.Tensor | None:
     """A bias vector as float32 (un-permuted for q and k), or None."""
     if tensor is None:
         return None
@@ -108,13 +119,15 @@ def _dense_bias(tensor: ReaderTensor | None, config: ModelArchConfig) -> torch.T
 
 def install_packed_linears(
     model: LlamaForCausalLM,
-    reader: GGUFReader,
+    reader: GGUFFile,
     config: ModelArchConfig,
     kernels: ModuleType,
     is_int8_activations: bool = False,
+    cache: PackedCache | None = None,
 ) -> PackedLoad:
     """Replace the model's matmuls whose GGUF tensors are all of packable types by packed
-    linears (and the lm_head, when its tensor is); returns what was consumed."""
+    linears (and the lm_head, when its tensor is); returns what was consumed. With ``cache``,
+    weights it holds are read from it and the others repacked and written to it."""
     tensors = {t.name: t for t in reader.tensors}
     load = PackedLoad()
     for i, layer in enumerate(model.layers):
@@ -125,7 +138,7 @@ def install_packed_linears(
                 # A dense or differently named part (Phi-3's attn_qkv, experts): the whole
                 # matmul stays on the dense path.
                 continue
-            weights = [packed_weight_of(tensors[n], config) for n in names]
+            weights = [packed_weight_of(tensors[n], config, cache) for n in names]
             bias_names = [f"blk.{i}.{part}.bias" for part in parts]
             biases = [_dense_bias(tensors.get(b), config) for b in bias_names]
             linears[fused] = fused_packed_linear(weights, biases, kernels, is_int8_activations)
@@ -136,10 +149,13 @@ def install_packed_linears(
     head_name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     head = tensors[head_name]
     if head.tensor_type in PACKABLE_TYPES:
-        weight = packed_weight_of(head, config)
+        weight = packed_weight_of(head, config, cache)
         head_linear = PackedLinear(weight, None, kernels, is_int8_activations)
         model.replace_lm_head(head_linear)
         load.add(head_name, weight, head_linear)
         if head_name == "token_embd.weight":
             load.consumed.discard(head_name)  # tied: the embedding still needs its rows
+    if cache is not None:
+        load.is_cached = cache.is_hit
+        cache.commit()
     return load

@@ -109,7 +109,7 @@ class PackedWeight:
     def select_rows(self, index: torch.Tensor) -> PackedWeight:
         """The rows ``index`` (permuting rows of a row-quantised matrix is exact)."""
         picked = [None if t is None else t.index_select(0, index) for t in self.tensors()]
-        return replace(self, **dict(zip(_ROW_FIELDS, picked, strict=True)))
+        return replace(self, **dict(zip(ROW_FIELDS, picked, strict=True)))
 
     def dequantize(self) -> torch.Tensor:
         """float32 [num_rows, in_features]: the plain reference the kernels are tested with."""
@@ -128,7 +128,8 @@ class PackedWeight:
         return values.reshape(rows, -1)
 
 
-_ROW_FIELDS = ("codes", "group_scale", "group_offset", "super_scale", "super_offset")
+#: The row-indexed tensor fields of ``PackedWeight``, in ``tensors()`` order.
+ROW_FIELDS = ("codes", "group_scale", "group_offset", "super_scale", "super_offset")
 
 
 def _expand(group: torch.Tensor, super_: torch.Tensor | None) -> torch.Tensor:
@@ -149,7 +150,7 @@ def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
         for tensors in zip(*(p.tensors() for p in parts), strict=True)
     ]
     source = "+".join(dict.fromkeys(p.source for p in parts))
-    return replace(parts[0], source=source, **dict(zip(_ROW_FIELDS, stacked, strict=True)))
+    return replace(parts[0], source=source, **dict(zip(ROW_FIELDS, stacked, strict=True)))
 
 
 def _t(array: np.ndarray) -> torch.Tensor:
