@@ -6,6 +6,7 @@ cache."""
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from gguf import GGMLQuantizationType as T
 from server.continuous_batching.engine_config import ModelLoadingConfig
 from server.continuous_batching.model import weights_gguf_packed
 from server.continuous_batching.model.weights import load_model
+from server.continuous_batching.quantization import packed_cache
 from server.continuous_batching.quantization.packed_cache import PackedCache
 from server.continuous_batching.quantization.packed_linear import ConcatLinear, PackedLinear
 from tests.support.cpu_paths import kernel_levels
@@ -97,7 +99,8 @@ def test_a_changed_file_is_repacked_and_its_old_entry_removed(tmp_path: Path) ->
 def test_a_damaged_entry_is_ignored(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     gguf = write_tiny_llama(tmp_path / "m.gguf", MIX, T.Q4_K)
     root = tmp_path / "cache"
-    reference = _packed(_load(gguf, root))
+    # Cloned: the model maps the entry's file, which the test is about to damage in place.
+    reference = [t.clone() for t in _packed(_load(gguf, root))]
     (entry,) = _entries(root)
     data = entry / "weights.bin"
     data.write_bytes(data.read_bytes()[:-64])  # a short write
@@ -118,3 +121,18 @@ def test_unwritable_cache_and_cache_off(tmp_path: Path, caplog: pytest.LogCaptur
     root = tmp_path / "off"
     _load(gguf, root, is_cached=False)
     assert not root.exists()
+
+
+def test_a_full_disk_costs_only_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    gguf = write_tiny_llama(tmp_path / "m.gguf", MIX, T.Q4_K)
+    root = tmp_path / "cache"
+    reference = _packed(_load(gguf, root, is_cached=False))
+    monkeypatch.setattr(
+        packed_cache.shutil, "disk_usage", lambda _: shutil._ntuple_diskusage(1 << 40, 0, 1 << 20)
+    )
+    for a, b in zip(reference, _packed(_load(gguf, root)), strict=True):
+        assert torch.equal(a, b)
+    assert "cache not written" in caplog.text and "GiB needed" in caplog.text
+    assert not list((root / "packed").iterdir())

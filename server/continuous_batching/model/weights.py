@@ -248,7 +248,7 @@ def _install_gguf_packed(
         model.weight_format,
         sum(load.num_tensors.values()),
         load.num_bytes / 2**20,
-        "mapped from the cache" if load.is_cached else "repacked",
+        load.origin,
         time.perf_counter() - start,
     )
     return load.consumed

@@ -5,8 +5,11 @@ Q4_K_M file runs at about its own size in memory instead of the compute dtype's.
 
 * q and k rows are un-permuted (llama.cpp's RoPE order, ``weights_gguf.unpermute_rope_rows``)
   on the packed rows: every scale and code belongs to one row, so permuting rows is exact;
-* a fused matmul (q/k/v, gate/up) becomes one packed weight when its parts' layouts agree,
-  else a ``ConcatLinear`` of one packed linear per part (Q4_K_M mixes Q4_K and Q6_K);
+* a fused matmul (q/k/v, gate/up) becomes one packed weight when its parts' types agree,
+  else a ``ConcatLinear`` of one packed linear per run of neighbouring parts of one type
+  (Q4_K_M's q and k stacked, beside its Q6_K v);
+* the packed, stacked weights are written to the on-disk cache (``packed_cache``) at the first
+  load and memory-mapped at later ones: nothing is repacked or copied then;
 * a fused matmul with any part of a type that does not pack (F16, F32, BF16, other quants)
   stays dense: its tensors go through the dequantising path like before;
 * the embedding stays dense (a gather: its rows are dequantised at load); the lm_head follows
@@ -18,7 +21,8 @@ dequantise-everything path, which the tests compare this one with.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -27,8 +31,8 @@ import torch
 from gguf.quants import dequantize
 
 from ..quantization.packed_cache import PackedCache
-from ..quantization.packed_gguf import PACKABLE_TYPES, PackedWeight, repack
-from ..quantization.packed_linear import ConcatLinear, PackedLinear, fused_packed_linear
+from ..quantization.packed_gguf import PACKABLE_TYPES, PackedWeight, concat_rows, repack
+from ..quantization.packed_linear import ConcatLinear, PackedLinear
 from .architecture import ModelArchConfig
 from .gguf_file import GGUFFile, GGUFTensor
 from .llama import LlamaForCausalLM
@@ -55,17 +59,17 @@ class PackedLoad:
     num_bytes: int = 0
     #: Packed matmuls that quantise their input to int8 (``PackedLinear.is_int8``).
     is_int8_activations: bool = False
-    #: The packed weights were read from the on-disk cache (``packed_cache``), not repacked.
-    is_cached: bool = False
+    #: Where the packed weights came from: repacked, or the on-disk cache (``packed_cache``).
+    origin: str = "repacked"
 
-    def add(self, name: str, weight: PackedWeight, linear: PackedLinear | ConcatLinear) -> None:
-        """Record one source tensor packed as ``weight``, run by ``linear``."""
-        self.consumed.add(name)
-        self.num_tensors[weight.source] += 1
+    def add(self, names: list[str], weight: PackedWeight, is_int8: bool) -> None:
+        """Record source tensors ``names`` (of one type) packed as ``weight``, run by a linear
+        whose input is quantised to int8 when ``is_int8``."""
+        self.consumed.update(names)
+        self.num_tensors[weight.source] += len(names)
         self.code_bits.add(weight.bits)
         self.num_bytes += weight.num_bytes
-        parts = linear.parts if isinstance(linear, ConcatLinear) else [linear]
-        self.is_int8_activations |= any(part.is_int8 for part in parts)
+        self.is_int8_activations |= is_int8
 
     def describe(self, level: str) -> str:
         """E.g. ``gguf Q4_K, Q6_K (packed int4/int8, avx2, int8 activations)``; ``level``: the
@@ -90,21 +94,13 @@ def _rope_heads(name: str, config: ModelArchConfig) -> int | None:
     return None
 
 
-def packed_weight_of(
-    tensor: GGUFTensor, config: ModelArchConfig, cache: PackedCache | None = None
-) -> PackedWeight:
-    """One quantised GGUF matrix repacked, its q/k rows back in Hugging Face order (from
-    ``cache`` where it holds the tensor; else repacked, and handed to ``cache``)."""
-    weight = None if cache is None else cache.get(tensor.name)
-    if weight is not None:
-        return weight
+def packed_weight_of(tensor: GGUFTensor, config: ModelArchConfig) -> PackedWeight:
+    """One quantised GGUF matrix repacked, its q/k rows back in Hugging Face order."""
     weight = repack(np.asarray(tensor.data), tensor.tensor_type)
     heads = _rope_heads(tensor.name, config)
     if heads is not None:
         order = unpermute_rope_rows(torch.arange(weight.num_rows), heads)
         weight = weight.select_rows(order)
-    if cache is not None:
-        cache.put(tensor.name, weight)
     return weight
 
 
@@ -117,6 +113,88 @@ def _dense_bias(tensor: GGUFTensor | None, config: ModelArchConfig) -> torch.Ten
     return bias if heads is None else unpermute_rope_rows(bias, heads)
 
 
+@dataclass(frozen=True)
+class PackedMatmul:
+    """One matmul kept packed: ``key`` names it (``blk.3.gate_up``, ``lm_head``), ``names`` its
+    GGUF tensors in output order, ``runs`` which of them are stacked into one packed weight
+    (neighbours of one type: every part of a fused matmul has the same K, so one type is one
+    layout)."""
+
+    key: str
+    layer: int | None
+    fused: str
+    names: list[str]
+    runs: list[list[int]]
+
+    def weight_key(self, run: int) -> str:
+        """The cache name of run ``run``'s stacked weight."""
+        return f"{self.key}.{run}"
+
+
+def packed_matmuls(model: LlamaForCausalLM, tensors: dict[str, GGUFTensor]) -> list[PackedMatmul]:
+    """The matmuls that go packed: each fused matmul whose parts all have packable types, and
+    the lm_head when its tensor's type is."""
+    matmuls = []
+    for i in range(len(model.layers)):
+        for fused, parts in GGUF_FUSED.items():
+            names = [f"blk.{i}.{part}.weight" for part in parts]
+            # A dense or differently named part (Phi-3's attn_qkv, experts): the whole matmul
+            # stays on the dense path.
+            if all(n in tensors and tensors[n].tensor_type in PACKABLE_TYPES for n in names):
+                runs = _runs([tensors[n].tensor_type for n in names])
+                matmuls.append(PackedMatmul(f"blk.{i}.{fused}", i, fused, names, runs))
+    head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
+    if tensors[head].tensor_type in PACKABLE_TYPES:
+        matmuls.append(PackedMatmul("lm_head", None, "lm_head", [head], [[0]]))
+    return matmuls
+
+
+def _runs(types: list[object]) -> list[list[int]]:
+    """Indices grouped into runs of neighbours of one type."""
+    runs: list[list[int]] = []
+    for i, kind in enumerate(types):
+        if runs and types[runs[-1][0]] == kind:
+            runs[-1].append(i)
+        else:
+            runs.append([i])
+    return runs
+
+
+def stacked_weight(
+    matmul: PackedMatmul, run: int, tensors: dict[str, GGUFTensor], config: ModelArchConfig
+) -> PackedWeight:
+    """Run ``run`` of ``matmul``: its tensors repacked, their rows stacked."""
+    parts = [packed_weight_of(tensors[matmul.names[i]], config) for i in matmul.runs[run]]
+    return parts[0] if len(parts) == 1 else concat_rows(parts)
+
+
+def _fill_cache(
+    cache: PackedCache,
+    matmuls: list[PackedMatmul],
+    tensors: dict[str, GGUFTensor],
+    config: ModelArchConfig,
+) -> None:
+    """Repack every matmul's weights into a new cache entry, each written then dropped (a few
+    in flight: numpy's array ops release the GIL, so one thread per core repacks)."""
+    # Q6_K grows most (210 -> 276 bytes per 256 weights): a bound for the disk check.
+    num_bytes = sum(tensors[n].data.nbytes for m in matmuls for n in m.names) * 4 // 3
+    if not cache.begin(num_bytes):
+        return
+    num_workers = max(1, torch.get_num_threads())
+    with ThreadPoolExecutor(num_workers) as pool:
+        pending = deque[tuple[str, Future[PackedWeight]]]()
+        for matmul in matmuls:
+            for run in range(len(matmul.runs)):
+                job = pool.submit(stacked_weight, matmul, run, tensors, config)
+                pending.append((matmul.weight_key(run), job))
+                if len(pending) > num_workers:
+                    key, done = pending.popleft()
+                    cache.put(key, done.result())
+        for key, done in pending:
+            cache.put(key, done.result())
+    cache.commit()
+
+
 def install_packed_linears(
     model: LlamaForCausalLM,
     reader: GGUFFile,
@@ -126,36 +204,45 @@ def install_packed_linears(
     cache: PackedCache | None = None,
 ) -> PackedLoad:
     """Replace the model's matmuls whose GGUF tensors are all of packable types by packed
-    linears (and the lm_head, when its tensor is); returns what was consumed. With ``cache``,
-    weights it holds are read from it and the others repacked and written to it."""
+    linears (and the lm_head, when its tensor is); returns what was consumed.
+
+    With ``cache``, the packed (and stacked) weights are mapped from it; on a miss they are
+    repacked into it first, one matmul at a time, then mapped (where it cannot be written,
+    they are repacked into memory)."""
     tensors = {t.name: t for t in reader.tensors}
     load = PackedLoad()
-    for i, layer in enumerate(model.layers):
-        linears: dict[str, PackedLinear | ConcatLinear] = {}
-        for fused, parts in GGUF_FUSED.items():
-            names = [f"blk.{i}.{part}.weight" for part in parts]
-            if not all(n in tensors and tensors[n].tensor_type in PACKABLE_TYPES for n in names):
-                # A dense or differently named part (Phi-3's attn_qkv, experts): the whole
-                # matmul stays on the dense path.
-                continue
-            weights = [packed_weight_of(tensors[n], config, cache) for n in names]
-            bias_names = [f"blk.{i}.{part}.bias" for part in parts]
-            biases = [_dense_bias(tensors.get(b), config) for b in bias_names]
-            linears[fused] = fused_packed_linear(weights, biases, kernels, is_int8_activations)
-            for name, weight in zip(names, weights, strict=True):
-                load.add(name, weight, linears[fused])
-            load.consumed.update(b for b in bias_names if b in tensors)
-        layer.replace_linears(linears)  # type: ignore[arg-type]
-    head_name = "output.weight" if "output.weight" in tensors else "token_embd.weight"
-    head = tensors[head_name]
-    if head.tensor_type in PACKABLE_TYPES:
-        weight = packed_weight_of(head, config, cache)
-        head_linear = PackedLinear(weight, None, kernels, is_int8_activations)
-        model.replace_lm_head(head_linear)
-        load.add(head_name, weight, head_linear)
-        if head_name == "token_embd.weight":
-            load.consumed.discard(head_name)  # tied: the embedding still needs its rows
-    if cache is not None:
-        load.is_cached = cache.is_hit
-        cache.commit()
+    matmuls = packed_matmuls(model, tensors)
+    if cache is not None and cache.is_hit:
+        load.origin = "mapped from the cache"
+    elif cache is not None:
+        _fill_cache(cache, matmuls, tensors, config)
+        load.origin = "repacked into the cache" if cache.is_hit else "repacked (not cached)"
+    layers: list[dict[str, PackedLinear | ConcatLinear]] = [{} for _ in model.layers]
+    for matmul in matmuls:
+        linears = []
+        bias_names = [n.removesuffix(".weight") + ".bias" for n in matmul.names]
+        biases = [_dense_bias(tensors.get(b), config) for b in bias_names]
+        if any(b is not None for b in biases):
+            # In a group where some part has a bias, the others get zeros.
+            biases = [
+                torch.zeros(tensors[n].shape[1]) if b is None else b
+                for n, b in zip(matmul.names, biases, strict=True)
+            ]
+        for j, run in enumerate(matmul.runs):
+            weight = None if cache is None else cache.get(matmul.weight_key(j))
+            if weight is None:
+                weight = stacked_weight(matmul, j, tensors, config)
+            bias = None if biases[run[0]] is None else torch.cat([biases[i] for i in run])
+            linears.append(PackedLinear(weight, bias, kernels, is_int8_activations))
+            load.add([matmul.names[i] for i in run], weight, linears[-1].is_int8)
+        load.consumed.update(b for b in bias_names if b in tensors)
+        linear = linears[0] if len(linears) == 1 else ConcatLinear(linears)
+        if matmul.layer is None:
+            model.replace_lm_head(linear)
+        else:
+            layers[matmul.layer][matmul.fused] = linear
+    for layer, linears_of_layer in zip(model.layers, layers, strict=True):
+        layer.replace_linears(linears_of_layer)  # type: ignore[arg-type]
+    # Tied: the embedding still needs its rows.
+    load.consumed.discard("token_embd.weight")
     return load

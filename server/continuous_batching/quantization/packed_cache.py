@@ -27,7 +27,7 @@ import logging
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 import torch
@@ -62,20 +62,25 @@ def _layout_version() -> str:
 
 
 class PackedCache:
-    """The cache entry of one source file: ``get`` a cached weight (memory-mapped) or ``None``;
-    ``put`` weights during a load that missed, then ``commit`` writes them all at once."""
+    """The cache entry of one source file. On a hit ``get`` maps each weight from it. On a
+    miss the loader writes the entry first (``begin``, ``put`` per weight as it is repacked,
+    ``commit``), so repacked weights are never all held in memory at once; after ``commit``
+    ``get`` maps them as on a hit. Where the entry cannot be written ``get`` gives None and
+    the loader repacks."""
 
     def __init__(self, source: Path, root: Path) -> None:
         self.source = source.resolve()
         self.folder = root / "packed" / f"{source.stem}-{source_key(source, _layout_version())}"
-        self._pending: dict[str, PackedWeight] = {}
         self._entries: dict[str, dict[str, Any]] = {}
         self._data: np.ndarray | None = None
+        self._tmp = self.folder.with_name(f"{self.folder.name}.tmp{os.getpid()}")
+        self._out: BinaryIO | None = None
+        self._offset = 0
         self._open()
 
     @property
     def is_hit(self) -> bool:
-        """True when the entry exists and was read (its weights come from disk)."""
+        """True when the entry is mapped (found at start, or written by ``commit``)."""
         return self._data is not None
 
     def get(self, name: str) -> PackedWeight | None:
@@ -89,18 +94,11 @@ class PackedCache:
         }
         return PackedWeight(entry["source"], bits=entry["bits"], group=entry["group"], **tensors)
 
-    def put(self, name: str, weight: PackedWeight) -> None:
-        """Keep ``weight`` for ``commit`` (only on a miss: a hit's entry is complete)."""
-        if not self.is_hit:
-            self._pending[name] = weight
-
-    def commit(self) -> bool:
-        """Write the weights ``put`` since a miss as this source's entry; False (with a
-        warning) where the disk is full or not writable: the load goes on without a cache."""
-        if self.is_hit or not self._pending:
+    def begin(self, num_bytes: int) -> bool:
+        """Start writing the entry (about ``num_bytes``); False, with a warning, where the disk
+        has no room for it or cannot be written."""
+        if self.is_hit:
             return False
-        num_bytes = sum(_aligned(t.numel() * t.element_size()) for t in self._tensors())
-        tmp = self.folder.with_name(f"{self.folder.name}.tmp{os.getpid()}")
         try:
             self.folder.parent.mkdir(parents=True, exist_ok=True)
             if shutil.disk_usage(self.folder.parent).free < num_bytes + _FREE_MARGIN:
@@ -110,17 +108,52 @@ class PackedCache:
                     self.folder.parent,
                 )
                 return False
-            self._write(tmp)
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp.mkdir()
+            self._out = open(self._tmp / _DATA, "wb")  # noqa: SIM115 - closed by commit/_abort
+        except OSError as error:
+            self._abort(error)
+            return False
+        return True
+
+    def put(self, name: str, weight: PackedWeight) -> None:
+        """Append ``weight`` to the entry being written (a no-op once writing failed)."""
+        if self._out is None:
+            return
+        specs: dict[str, dict[str, Any] | None] = {}
+        try:
+            for field, tensor in zip(ROW_FIELDS, weight.tensors(), strict=True):
+                specs[field] = None if tensor is None else self._append(tensor)
+        except OSError as error:
+            self._abort(error)
+            return
+        self._entries[name] = {
+            "source": weight.source,
+            "bits": weight.bits,
+            "group": weight.group,
+            "tensors": specs,
+        }
+
+    def commit(self) -> bool:
+        """Finish the entry written since ``begin`` and map it; False (with a warning) where
+        writing failed."""
+        if self._out is None:
+            return False
+        try:
+            self._out.close()
+            self._out = None
+            index = {"source": str(self.source), "num_bytes": self._offset}
+            (self._tmp / _INDEX).write_text(json.dumps({**index, "entries": self._entries}))
             self._remove_stale()
             # A damaged entry goes; a process that maps its file keeps the unlinked inode.
             shutil.rmtree(self.folder, ignore_errors=True)
-            tmp.rename(self.folder)
+            self._tmp.rename(self.folder)
         except OSError as error:
-            logger.warning("packed-weight cache not written to %s: %s", self.folder, error)
-            shutil.rmtree(tmp, ignore_errors=True)
+            self._abort(error)
             return False
-        logger.info("packed weights cached in %s (%.1f MiB)", self.folder, num_bytes / 2**20)
-        return True
+        logger.info("packed weights cached in %s (%.1f MiB)", self.folder, self._offset / 2**20)
+        self._open()
+        return self.is_hit
 
     # -- reading -------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -149,36 +182,26 @@ class PackedCache:
         return torch.from_numpy(raw).view(dtype).view(spec["shape"])
 
     # -- writing -------------------------------------------------------------------------------
-    def _tensors(self) -> list[torch.Tensor]:
-        return [t for w in self._pending.values() for t in w.tensors() if t is not None]
+    def _append(self, tensor: torch.Tensor) -> dict[str, Any]:
+        assert self._out is not None
+        raw = tensor.contiguous().view(torch.uint8).numpy()
+        self._out.write(raw.data)
+        self._out.write(b"\0" * (_aligned(raw.nbytes) - raw.nbytes))
+        spec = {
+            "dtype": str(tensor.dtype).removeprefix("torch."),
+            "shape": list(tensor.shape),
+            "offset": self._offset,
+        }
+        self._offset += _aligned(raw.nbytes)
+        return spec
 
-    def _write(self, folder: Path) -> None:
-        shutil.rmtree(folder, ignore_errors=True)
-        folder.mkdir()
-        entries: dict[str, dict[str, Any]] = {}
-        offset = 0
-        with open(folder / _DATA, "wb") as out:
-            for name, weight in self._pending.items():
-                specs: dict[str, dict[str, Any] | None] = {}
-                for field, tensor in zip(ROW_FIELDS, weight.tensors(), strict=True):
-                    if tensor is None:
-                        specs[field] = None
-                        continue
-                    raw = tensor.contiguous().view(torch.uint8).numpy()
-                    out.write(raw.tobytes())
-                    size = raw.nbytes
-                    out.write(b"\0" * (_aligned(size) - size))
-                    dtype = str(tensor.dtype).removeprefix("torch.")
-                    specs[field] = {"dtype": dtype, "shape": list(tensor.shape), "offset": offset}
-                    offset += _aligned(size)
-                entries[name] = {
-                    "source": weight.source,
-                    "bits": weight.bits,
-                    "group": weight.group,
-                    "tensors": specs,
-                }
-        index = {"source": str(self.source), "num_bytes": offset, "entries": entries}
-        (folder / _INDEX).write_text(json.dumps(index))
+    def _abort(self, error: OSError) -> None:
+        logger.warning("packed-weight cache not written to %s: %s", self.folder, error)
+        if self._out is not None:
+            self._out.close()
+            self._out = None
+        shutil.rmtree(self._tmp, ignore_errors=True)
+        self._entries, self._offset = {}, 0
 
     def _remove_stale(self) -> None:
         """Entries of this source written before it changed (or by older code)."""

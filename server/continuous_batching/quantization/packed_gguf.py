@@ -162,10 +162,23 @@ def _f16(blocks: np.ndarray, start: int) -> np.ndarray:
     return np.ascontiguousarray(blocks[..., start : start + 2]).view(np.float16)[..., 0]
 
 
-def _nibbles_to_groups(q: np.ndarray, rows: int) -> np.ndarray:
-    """Codes 0..15 [rows, K] -> our 4-bit packing (element j | element j + 16 << 4 per group)."""
-    g = q.reshape(rows, -1, 2, 16)
-    return (g[:, :, 0, :] | (g[:, :, 1, :] << 4)).reshape(rows, -1)
+_LOW_NIBBLES = np.uint64(0x0F0F0F0F0F0F0F0F)
+_HIGH_NIBBLES = np.uint64(0xF0F0F0F0F0F0F0F0)
+
+
+def _q4_k_codes(qs: np.ndarray, rows: int) -> np.ndarray:
+    """Q4_K's nibbles [rows, blocks, 128] -> our 4-bit packing without unpacking them.
+
+    Per 64 weights, bytes b0..31 hold weights 0-31 in their low nibbles and 32-63 in their high
+    ones; our group of 32 wants element j low and element j + 16 high. So from the halves
+    lo = b0..15 and hi = b16..31: group A = lo's low | hi's low << 4 and group B = lo's
+    high >> 4 | hi's high, computed 8 bytes at a time (a shift by 4 then a nibble mask keeps
+    every nibble inside its byte)."""
+    words = np.ascontiguousarray(qs).view(np.uint64).reshape(rows, -1, 4, 2, 2)
+    lo, hi = words[..., 0, :], words[..., 1, :]
+    group_a = (lo & _LOW_NIBBLES) | ((hi << np.uint64(4)) & _HIGH_NIBBLES)
+    group_b = ((lo >> np.uint64(4)) & _LOW_NIBBLES) | (hi & _HIGH_NIBBLES)
+    return np.stack([group_a, group_b], axis=-2).reshape(rows, -1).view(np.uint8)
 
 
 def _k_scales(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -197,15 +210,15 @@ def _repack_k(blocks: np.ndarray, qtype: T, rows: int) -> PackedWeight:
     d, dmin = _f16(blocks, 0).astype(np.float32), _f16(blocks, 2).astype(np.float32)
     sc, mn = _k_scales(blocks[..., 4:16])
     qs = blocks[..., -128:].reshape(rows, -1, 4, 1, 32)
-    # Per 64 weights, 32 bytes: low nibbles the first 32 weights, high nibbles the next 32.
-    q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(rows, -1, 256)
     if qtype == T.Q5_K:
+        # Per 64 weights, 32 bytes: low nibbles the first 32 weights, high nibbles the next 32.
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=3).reshape(rows, -1, 256)
         qh = blocks[..., 16:48].reshape(rows, -1, 1, 32)
         high = (qh >> np.arange(8, dtype=np.uint8).reshape(1, 1, 8, 1)) & 1
         q5 = (q | (high.reshape(rows, -1, 256) << 4)).reshape(rows, -1).view(np.int8)
         codes, bits = q5, 8
     else:
-        codes, bits = _nibbles_to_groups(q, rows), 4
+        codes, bits = _q4_k_codes(blocks[..., -128:], rows), 4
     return PackedWeight(
         qtype.name,
         _t(codes),
@@ -225,10 +238,17 @@ def _repack_q6_k(blocks: np.ndarray, rows: int) -> PackedWeight:
     scales = np.ascontiguousarray(blocks[..., 192:208]).view(np.int8)
     d = _f16(blocks, 208).astype(np.float32)
     shifts4 = np.array([0, 4], dtype=np.uint8).reshape(1, 1, 1, 2, 1)
-    low = ((ql.reshape(rows, nb, 2, 1, 64) >> shifts4) & 0x0F).reshape(rows, nb, 8, 32)
+    low = ql.reshape(rows, nb, 2, 1, 64) >> shifts4
+    low &= 0x0F
     shifts2 = np.array([0, 2, 4, 6], dtype=np.uint8).reshape(1, 1, 1, 4, 1)
-    high = ((qh.reshape(rows, nb, 2, 1, 32) >> shifts2) & 0x03).reshape(rows, nb, 8, 32)
-    codes = ((low | (high << 4)).astype(np.int8) - np.int8(32)).reshape(rows, -1)
+    high = qh.reshape(rows, nb, 2, 1, 32) >> shifts2
+    high &= 0x03
+    high <<= 4
+    # In place, in uint8: q - 32 wraps to the int8 value's bytes.
+    codes = low.reshape(rows, nb, 8, 32)
+    codes |= high.reshape(rows, nb, 8, 32)
+    codes -= 32
+    codes = codes.reshape(rows, -1).view(np.int8)
     return PackedWeight("Q6_K", _t(codes), 8, 16, _t(scales.reshape(rows, -1)), None, _t(d))
 
 
