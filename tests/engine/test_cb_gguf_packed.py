@@ -86,6 +86,9 @@ def test_packed_tokens_equal_dequantized(tmp_path, qtype) -> None:
     packed, plain = _load(path, False), _load(path, True)
     assert all(isinstance(m, PackedLinear) for m in _linears(packed.layers[0]).values())
     assert isinstance(packed.lm_head_linear, PackedLinear)  # tied: token_embd's own type
+    # The table stays packed too: the tied head's weight is the embedding.
+    assert packed.packed_embedding is packed.lm_head_linear.weight
+    assert packed.embed_tokens is None and plain.packed_embedding is None
     bits = 4 if qtype in (T.Q4_0, T.Q4_1, T.Q4_K) else 8
     level = packed.cpu_path.level
     assert packed.weight_format == f"gguf {qtype.name} (packed int{bits}, {level})"
@@ -106,6 +109,8 @@ def test_mixed_types_and_untied_head(tmp_path) -> None:
     # q and k share a layout: one stacked matmul, then v's.
     assert [p.weight.source for p in linears["qkv"].parts] == ["Q4_K", "Q6_K"]
     assert isinstance(linears["down"], PackedLinear) and packed.lm_head is None
+    # Untied: the Q4_K table is packed on its own, beside the Q6_K head.
+    assert packed.packed_embedding.source == "Q4_K" and packed.embed_tokens is None
     assert not isinstance(linears["gate_up"], PackedLinear | ConcatLinear)  # F16 gate: dense
     level = packed.cpu_path.level
     assert packed.compute_path().weights == f"gguf Q4_K, Q6_K (packed int4/int8, {level})"

@@ -21,7 +21,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import torch
-import torch.nn.functional as F
 
 from .architecture import ModelArchConfig
 from .cpu_isa import CpuPath
@@ -72,7 +71,7 @@ class GemmaForCausalLM(LlamaForCausalLM):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embeddings times sqrt(hidden), multiplied in the model dtype (as transformers)."""
-        x = F.embedding(input_ids, self.embed_tokens) * self.embed_multiplier
+        x = self.embedding_rows(input_ids) * self.embed_multiplier
         return x.to(self.residual_dtype)
 
     def layer_ropes(self, positions: torch.Tensor) -> list[RopeRows]:

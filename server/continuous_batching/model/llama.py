@@ -21,6 +21,7 @@ from torch import nn
 
 from protocol.health import ComputePath
 
+from ..quantization.packed_gguf import PackedWeight
 from . import cpu_isa, triton_fused, triton_paged_attention
 from .architecture import ModelArchConfig
 from .attention import AttentionMetadata
@@ -77,6 +78,8 @@ class LlamaForCausalLM(nn.Module):
         self.device = torch.device(device)
         self.cpu_path = cpu_path or cpu_isa.resolve()
         self.embed_tokens = param((config.vocab_size, config.hidden_size), dtype, self.device)
+        #: The embedding table kept packed instead (``replace_embedding``), or None.
+        self.packed_embedding: PackedWeight | None = None
         self.layers = nn.ModuleList(
             layer_class_for(config, i)(config, dtype, self.device)
             for i in range(config.num_hidden_layers)
@@ -174,9 +177,10 @@ class LlamaForCausalLM(nn.Module):
         parameters receive several HF tensors, each into its own row range."""
         c = self.config
         targets: dict[str, tuple[torch.Tensor, int, int]] = {
-            "model.embed_tokens.weight": (self.embed_tokens, 0, c.vocab_size),
             "model.norm.weight": (self.norm, 0, c.hidden_size),
         }
+        if self.embed_tokens is not None:
+            targets["model.embed_tokens.weight"] = (self.embed_tokens, 0, c.vocab_size)
         if not c.tie_word_embeddings and self.lm_head is not None:
             targets["lm_head.weight"] = (self.lm_head, 0, c.vocab_size)
         for i, layer in enumerate(self.layers):
@@ -225,7 +229,26 @@ class LlamaForCausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The residual stream's start [T, hidden]: the tokens' embeddings (a family may
         scale them: Gemma)."""
-        return F.embedding(input_ids, self.embed_tokens).to(self.residual_dtype)
+        return self.embedding_rows(input_ids).to(self.residual_dtype)
+
+    def embedding_rows(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The tokens' embedding rows in the model dtype: gathered from the dense table, or
+        dequantised row by row from a packed one (``replace_embedding``), the same values."""
+        if self.packed_embedding is None:
+            return F.embedding(input_ids, self.embed_tokens)
+        rows = self.packed_embedding.select_rows(input_ids.reshape(-1))
+        return rows.dequantize().to(self.dtype).reshape(*input_ids.shape, -1)
+
+    def replace_embedding(self, weight: PackedWeight) -> None:
+        """Keep the embedding table packed (a quantised GGUF's ``token_embd``): each step
+        dequantises only its tokens' rows. The dense table is dropped (the loader then no
+        longer expects it); a tied lm_head must have been replaced already."""
+        if self.config.tie_word_embeddings and not self.is_lm_head_replaced:
+            raise ValueError("a tied dense lm_head needs the dense embedding table")
+        self.packed_embedding = weight
+        self.embed_tokens = None
+        if self.config.tie_word_embeddings:
+            self.lm_head = None
 
     def layer_ropes(self, positions: torch.Tensor) -> list[RopeRows]:
         """Each layer's RoPE rows at ``positions`` (one lookup shared by all layers here; a

@@ -12,8 +12,10 @@ Q4_K_M file runs at about its own size in memory instead of the compute dtype's.
   load and memory-mapped at later ones: nothing is repacked or copied then;
 * a fused matmul with any part of a type that does not pack (F16, F32, BF16, other quants)
   stays dense: its tensors go through the dequantising path like before;
-* the embedding stays dense (a gather: its rows are dequantised at load); the lm_head follows
-  the file's own type (``output.weight``, or the tied ``token_embd.weight``).
+* the lm_head follows the file's own type (``output.weight``, or the tied
+  ``token_embd.weight``); the embedding table of a packable type stays packed too (each step
+  dequantises its tokens' rows: ``LlamaForCausalLM.replace_embedding``), the tied lm_head's
+  weight serving as it.
 
 The loader's ``gguf_dequantize_at_load`` (or a CPU path without the kernels) keeps the plain
 dequantise-everything path, which the tests compare this one with.
@@ -146,6 +148,10 @@ def packed_matmuls(model: LlamaForCausalLM, tensors: dict[str, GGUFTensor]) -> l
     head = "output.weight" if "output.weight" in tensors else "token_embd.weight"
     if tensors[head].tensor_type in PACKABLE_TYPES:
         matmuls.append(PackedMatmul("lm_head", None, "lm_head", [head], [[0]]))
+    embedding = tensors["token_embd.weight"]
+    if head != embedding.name and embedding.tensor_type in PACKABLE_TYPES:
+        # Untied: the table has an entry of its own (tied, the lm_head's weight serves).
+        matmuls.append(PackedMatmul("embedding", None, "embedding", [embedding.name], [[0]]))
     return matmuls
 
 
@@ -218,6 +224,7 @@ def install_packed_linears(
         _fill_cache(cache, matmuls, tensors, config)
         load.origin = "repacked into the cache" if cache.is_hit else "repacked (not cached)"
     layers: list[dict[str, PackedLinear | ConcatLinear]] = [{} for _ in model.layers]
+    embedding: PackedWeight | None = None
     for matmul in matmuls:
         linears = []
         bias_names = [n.removesuffix(".weight") + ".bias" for n in matmul.names]
@@ -232,9 +239,14 @@ def install_packed_linears(
             weight = None if cache is None else cache.get(matmul.weight_key(j))
             if weight is None:
                 weight = stacked_weight(matmul, j, tensors, config)
+            if matmul.fused == "embedding":
+                embedding = weight
+                break
             bias = None if biases[run[0]] is None else torch.cat([biases[i] for i in run])
             linears.append(PackedLinear(weight, bias, kernels, is_int8_activations))
             load.add([matmul.names[i] for i in run], weight, linears[-1].is_int8)
+        if not linears:
+            continue  # the embedding: installed last, once the lm_head is
         load.consumed.update(b for b in bias_names if b in tensors)
         linear = linears[0] if len(linears) == 1 else ConcatLinear(linears)
         if matmul.layer is None:
@@ -243,6 +255,11 @@ def install_packed_linears(
             layers[matmul.layer][matmul.fused] = linear
     for layer, linears_of_layer in zip(model.layers, layers, strict=True):
         layer.replace_linears(linears_of_layer)  # type: ignore[arg-type]
-    # Tied: the embedding still needs its rows.
-    load.consumed.discard("token_embd.weight")
+    if model.is_lm_head_replaced and config.tie_word_embeddings:
+        embedding = model.lm_head_linear.weight  # type: ignore[attr-defined]
+    if embedding is not None:
+        model.replace_embedding(embedding)
+        load.consumed.add("token_embd.weight")
+    else:
+        load.consumed.discard("token_embd.weight")  # the dense table gets its rows
     return load
