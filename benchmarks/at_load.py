@@ -37,7 +37,7 @@ def loaded(folder: Path, args: argparse.Namespace, variant: str) -> tuple[Engine
     mine = copy.copy(args)
     method, _, activations = variant.partition("-")
     mine.quantize_method = None if method == "bf16" else method
-    mine.gguf_activations = "int8" if activations == "i8" else None
+    mine.gguf_activations = "int8" if activations == "i8" else "float"
     start = time.perf_counter()
     bench = EngineBench(folder, mine)
     return bench, time.perf_counter() - start

@@ -44,6 +44,10 @@ def gguf_path(model_path: str | Path, gguf_file: str | None = None) -> Path | No
     return None
 
 
+#: ``gguf_activations: auto`` quantises matmul inputs to int8 from this many weights up.
+AUTO_INT8_MIN_PARAMETERS = 1_000_000_000
+
+
 class ModelLoadingConfig(ConfigSection):
     """Where the weights are and how to run them."""
 
@@ -95,14 +99,15 @@ class ModelLoadingConfig(ConfigSection):
         description="GGUF: dequantise every tensor to torch_dtype at load (the plain path) "
         "instead of keeping Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K matmul weights packed on a CPU",
     )
-    gguf_activations: Literal["float", "int8"] = Field(
-        default="float",
+    gguf_activations: Literal["auto", "float", "int8"] = Field(
+        default="auto",
         description="GGUF weights kept packed (also int8/int4 at load and packed GPTQ): float "
         "keeps each matmul's input in float32 (the plain path's numbers); int8 quantises it "
         "per weight group (K-quants, GPTQ g128: per super-block) as llama.cpp does (integer "
-        "dot products, 1.3-1.7x the float kernel's speed on a 1B Q4_K_M or Q8_0 file; each "
-        "value off by up to 1/254 of its block's largest, which derails a model as small as "
-        "SmolLM2-135M)",
+        "dot products, 1.3-2x the float kernel's speed on a 1B Q4_K_M or Q8_0 file; each "
+        "value off by up to 1/254 of its block's largest, which moves a model as small as "
+        "SmolLM2-135M off its answer, in llama.cpp too); auto: int8 for models of at least "
+        "1B weights, float below",
     )
     cache_packed_weights: bool = Field(
         default=True,
@@ -153,6 +158,13 @@ class ModelLoadingConfig(ConfigSection):
                 f"these families only: {families}"
             )
         return value
+
+    def is_int8_activations(self, num_parameters: int) -> bool:
+        """Whether packed matmuls quantise their inputs to int8 for a model of
+        ``num_parameters`` weights (``gguf_activations``)."""
+        if self.gguf_activations == "auto":
+            return num_parameters >= AUTO_INT8_MIN_PARAMETERS
+        return self.gguf_activations == "int8"
 
     @property
     def gguf_path(self) -> Path | None:

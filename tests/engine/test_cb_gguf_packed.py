@@ -6,11 +6,13 @@ down, an F16 gate next to a Q4_K up, an untied Q6_K lm_head). With int8 activati
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from gguf import GGMLQuantizationType as T
+from safetensors import safe_open
 
 from server.continuous_batching.engine_config import ModelLoadingConfig
 from server.continuous_batching.model import (
@@ -19,7 +21,7 @@ from server.continuous_batching.model import (
     kv_cache_shape,
 )
 from server.continuous_batching.model.llama import LlamaDecoderLayer
-from server.continuous_batching.model.weights import load_model
+from server.continuous_batching.model.weights import load_model, read_arch_config
 from server.continuous_batching.quantization.packed_linear import ConcatLinear, PackedLinear
 from tests.support.cpu_paths import kernel_levels
 from tests.support.gguf_files import write_tiny_llama
@@ -132,9 +134,15 @@ def test_bf16_model_and_generic_level(tmp_path) -> None:
 
 def test_int8_activations_stay_close(tmp_path) -> None:
     path = write_tiny_llama(tmp_path / "q4k.gguf", {"output": T.Q6_K}, T.Q4_K, is_tied=False)
-    assert ModelLoadingConfig(model_name_or_path=str(path)).gguf_activations == "float"
+    config = ModelLoadingConfig(model_name_or_path=str(path))
+    # auto (the default): int8 from 1B weights up, float below (this model: float).
+    assert config.gguf_activations == "auto"
+    assert config.is_int8_activations(10**9) and not config.is_int8_activations(10**9 - 1)
+    forced = config.model_copy(update={"gguf_activations": "float"})
+    assert not forced.is_int8_activations(10**10)
     int8 = _load(path, False, activations="int8")
-    exact = _load(path, False)
+    exact = _load(path, False, activations="auto")
+    assert "int8 activations" not in exact.weight_format
     linears = [*_linears(int8.layers[0]).values(), int8.lm_head_linear]
     if not getattr(int8.decoder_ops.module, "has_int8_activations", False):
         # A kernels build without AVX2: float activations, said so on /health.
@@ -147,3 +155,13 @@ def test_int8_activations_stay_close(tmp_path) -> None:
     assert not torch.equal(logits, expected)  # the inputs really were quantised
     scale = expected.abs().max().item()
     assert (logits - expected).abs().max().item() < 0.05 * scale
+
+
+def test_num_parameters_counts_the_checkpoint(default_model_path: Path) -> None:
+    """``num_parameters`` (what ``gguf_activations: auto`` decides by) against the default
+    model's own tensors: every matmul and the (tied) table, norms left out."""
+    arch = read_arch_config(default_model_path)
+    with safe_open(str(default_model_path / "model.safetensors"), "pt") as f:
+        shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}  # noqa: SIM118
+    matrices = sum(math.prod(shape) for shape in shapes.values() if len(shape) == 2)
+    assert arch.num_parameters == matrices

@@ -121,6 +121,12 @@ def test_unwritable_cache_and_cache_off(tmp_path: Path, caplog: pytest.LogCaptur
     root = tmp_path / "off"
     _load(gguf, root, is_cached=False)
     assert not root.exists()
+    # Nothing to pack (an F16 file): no entry, and no complaint at the next load.
+    dense = write_tiny_llama(tmp_path / "f16.gguf", {}, T.F16)
+    caplog.clear()
+    _load(dense, root)
+    _load(dense, root)
+    assert not root.exists() and "cache" not in caplog.text
 
 
 def test_a_full_disk_costs_only_the_cache(

@@ -121,6 +121,20 @@ class ModelArchConfig:
         """Width of the key (or value) projection (all kv heads)."""
         return self.num_key_value_heads * self.head_dim
 
+    @property
+    def num_parameters(self) -> int:
+        """About how many weights the model has (matmuls and embedding tables; norms and
+        biases left out): every expert of an MoE layer counted."""
+        h = self.hidden_size
+        attention = h * (2 * self.q_size + 2 * self.kv_size)
+        expert_width = self.moe_intermediate_size or self.intermediate_size
+        total = 0
+        for i in range(self.num_hidden_layers):
+            mlp_width = self.num_experts * expert_width if self.is_moe_layer(i) else 0
+            total += attention + 3 * h * (mlp_width or self.intermediate_size)
+        tables = 1 if self.tie_word_embeddings else 2
+        return total + tables * self.vocab_size * h
+
 
 def read_rope(d: dict[str, Any]) -> tuple[float, dict[str, Any] | None]:
     """Return (rope_theta, rope_scaling or None) from either config generation."""

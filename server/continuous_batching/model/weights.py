@@ -236,7 +236,7 @@ def _install_gguf_packed(
     if config.gguf_dequantize_at_load or not is_cpu or not kernels_can_pack(kernels):
         model.weight_format = f"gguf dequantised to {dtype_name} at load"
         return set()
-    is_int8 = config.gguf_activations == "int8"
+    is_int8 = config.is_int8_activations(arch.num_parameters)
     cache = None
     if config.cache_packed_weights:
         cache = PackedCache(reader.path, cache_root(config.load_cache_dir))
@@ -259,7 +259,8 @@ def _quantize_at_load(model: LlamaForCausalLM, config: ModelLoadingConfig) -> No
     start = time.perf_counter()
     method = config.quantize_method
     assert method is not None  # the caller checked
-    result = quantize_at_load(model, method, config.gguf_activations == "int8")
+    is_int8 = config.is_int8_activations(model.config.num_parameters)
+    result = quantize_at_load(model, method, is_int8)
     dtype_name = str(model.dtype).removeprefix("torch.")
     model.weight_format = result.describe(model.cpu_path.level, dtype_name)
     logger.info(
@@ -283,7 +284,8 @@ def _gptq_packing(model: LlamaForCausalLM, config: ModelLoadingConfig) -> GPTQPa
             logger.warning("gptq_cpu_kernel packed: no packed kernels on this path; torch runs")
         return None
     is_auto = config.gptq_cpu_kernel == "auto"
-    return GPTQPacking(kernels, config.gguf_activations == "int8", is_auto, model.dtype)
+    is_int8 = config.is_int8_activations(model.config.num_parameters)
+    return GPTQPacking(kernels, is_int8, is_auto, model.dtype)
 
 
 def _load_gptq(

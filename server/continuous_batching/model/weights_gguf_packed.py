@@ -220,7 +220,7 @@ def install_packed_linears(
     matmuls = packed_matmuls(model, tensors)
     if cache is not None and cache.is_hit:
         load.origin = "mapped from the cache"
-    elif cache is not None:
+    elif cache is not None and matmuls:
         _fill_cache(cache, matmuls, tensors, config)
         load.origin = "repacked into the cache" if cache.is_hit else "repacked (not cached)"
     layers: list[dict[str, PackedLinear | ConcatLinear]] = [{} for _ in model.layers]
