@@ -13,7 +13,10 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 from safetensors import safe_open
+from transformers import AutoTokenizer
 
+from protocol.generation import GenerationConfig
+from server.continuous_batching.engine import LLMEngine
 from server.continuous_batching.engine_config import ModelLoadingConfig
 from server.continuous_batching.model import (
     LlamaForCausalLM,
@@ -24,7 +27,9 @@ from server.continuous_batching.model.llama import LlamaDecoderLayer
 from server.continuous_batching.model.weights import load_model, read_arch_config
 from server.continuous_batching.quantization.packed_linear import ConcatLinear, PackedLinear
 from tests.support.cpu_paths import kernel_levels
+from tests.support.default_model import engine_config
 from tests.support.gguf_files import write_tiny_llama
+from tools.prepare_model import find_gguf
 
 CPU = torch.device("cpu")
 BLOCK = 16
@@ -165,3 +170,23 @@ def test_num_parameters_counts_the_checkpoint(default_model_path: Path) -> None:
         shapes = {name: f.get_slice(name).get_shape() for name in f.keys()}  # noqa: SIM118
     matrices = sum(math.prod(shape) for shape in shapes.values() if len(shape) == 2)
     assert arch.num_parameters == matrices
+
+
+def test_the_default_gguf_alone_chats_and_names_paris(default_model_path: Path) -> None:
+    """The shipped Q4_1 file served on its own (no tokenizer folder): its embedded tokenizer
+    and chat template (which transformers' conversion leaves out) are used, the matmuls stay
+    packed (float inputs: a 135M model), and the demo's question is answered."""
+    gguf = find_gguf()
+    config = engine_config(gguf, num_blocks=64, num_blocks_cpu=0)
+    engine = LLMEngine(config)
+    assert engine.runner.model.weight_format.startswith("gguf Q4_1, Q8_0 (packed int4/int8, ")
+    assert "int8 activations" not in engine.runner.model.weight_format
+    folder_tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    chat = [{"role": "user", "content": "What is the capital of France?"}]
+    prompt = folder_tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    ours = engine.tokenizer.apply_chat_template(chat, add_generation_prompt=True, tokenize=False)
+    assert ours == prompt
+    ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
+    assert ids == folder_tokenizer.encode(prompt, add_special_tokens=False)
+    result = engine.generate([ids], [GenerationConfig(max_new_tokens=12)])
+    assert "Paris" in "".join(d.text for d in result[0])
