@@ -231,7 +231,8 @@ class CacheConfig(ConfigSection):
         default=2.0,
         gt=0,
         description="on a CPU device, memory for the KV cache when num_blocks is null (on cuda "
-        "gpu_memory_utilization sizes it)",
+        "gpu_memory_utilization sizes it); capped, with a warning, to what the machine (or the "
+        "process's cgroup) has available after loading, less 2 GiB",
     )
     gpu_memory_utilization: float = Field(
         default=0.9,

@@ -4,7 +4,10 @@ After the model is loaded, the model runner runs the largest step the scheduler 
 (``batch_max_tokens`` tokens of prefill: ``warmup_steps``) on a temporary pool just big enough,
 reads the device's memory figures (``measure_cuda_memory``, the only GPU-only code here), and
 gives the real pool what ``gpu_memory_utilization`` of the GPU leaves beside the peak seen
-(``num_blocks_from_memory``). On a CPU, ``memory_budget_gb`` sizes the pool instead.
+(``num_blocks_from_memory``). On a CPU, ``memory_budget_gb`` sizes the pool instead, capped to
+what the machine (or the process's cgroup) has available once the model is loaded, less a
+reserve (``cpu_kv_budget``): a pool that does not fit is shrunk with a warning, where zeroing
+it would have had the process killed.
 
 Not covered by the warm-up, so left to the headroom that ``gpu_memory_utilization`` < 1 keeps:
 the decode CUDA graphs (captured after the pool exists), the sampler's buffers, and the K/V
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -76,6 +80,65 @@ def num_blocks_from_memory(
             "batcher_config.batch_max_tokens, or set cache_config.num_blocks"
         )
     return num_blocks
+
+
+#: What a CPU KV pool leaves free of the memory available after loading (activations, the
+#: sampler, the tokenizer's work, the page cache of mapped weights).
+CPU_RESERVE_BYTES = 2 * _GIB
+
+
+def available_memory(
+    meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")
+) -> int | None:
+    """Bytes this process could still take: the kernel's MemAvailable, or less where a cgroup
+    (v2) limit is nearer; None where neither can be read."""
+    figures = []
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                figures.append(int(line.split()[1]) * 1024)
+    except (OSError, ValueError):
+        pass
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            figures.append(int(limit) - int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        pass
+    return min(figures) if figures else None
+
+
+@dataclass(frozen=True)
+class CpuBudget:
+    """The CPU KV pool's bytes, and the figures that capped it (for the warning)."""
+
+    num_bytes: int
+    asked_bytes: int
+    available_bytes: int | None
+
+    @property
+    def is_capped(self) -> bool:
+        """True when the pool got less than ``memory_budget_gb`` asked for."""
+        return self.num_bytes < self.asked_bytes
+
+    def describe(self) -> str:
+        """The warning's text."""
+        available = (self.available_bytes or 0) / _GIB
+        return (
+            f"cache_config.memory_budget_gb asks {self.asked_bytes / _GIB:.2f} GiB for the KV "
+            f"cache but {available:.2f} GiB is available: the pool gets "
+            f"{self.num_bytes / _GIB:.2f} GiB, leaving {CPU_RESERVE_BYTES / _GIB:.0f} GiB free "
+            "(lower memory_budget_gb or set cache_config.num_blocks to choose)"
+        )
+
+
+def cpu_kv_budget(asked_bytes: int, available_bytes: int | None, block_bytes: int) -> CpuBudget:
+    """``asked_bytes``, capped to ``available_bytes`` less ``CPU_RESERVE_BYTES`` (never under
+    one block; unknown availability caps nothing)."""
+    if available_bytes is None:
+        return CpuBudget(asked_bytes, asked_bytes, None)
+    room = max(block_bytes, available_bytes - CPU_RESERVE_BYTES)
+    return CpuBudget(min(asked_bytes, room), asked_bytes, available_bytes)
 
 
 def warmup_query_lens(

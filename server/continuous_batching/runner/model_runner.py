@@ -25,6 +25,8 @@ from server.continuous_batching.runner.decode_buckets import (
 )
 from server.continuous_batching.runner.kv_cache import KVCache
 from server.continuous_batching.runner.kv_memory import (
+    available_memory,
+    cpu_kv_budget,
     measure_cuda_memory,
     num_blocks_from_memory,
     warmup_steps,
@@ -157,7 +159,11 @@ class ModelRunner:
         if self.device.type == "cuda":
             return self._num_blocks_after_warmup(cache, config.batcher_config)
         bytes_per_block = kv_bytes_per_block(self.arch, self.block_size, self.dtype)
-        return max(1, int(cache.memory_budget_gb * _GIB) // bytes_per_block)
+        asked = int(cache.memory_budget_gb * _GIB)
+        budget = cpu_kv_budget(asked, available_memory(), bytes_per_block)
+        if budget.is_capped:
+            logger.warning(budget.describe())
+        return max(1, budget.num_bytes // bytes_per_block)
 
     def _num_blocks_after_warmup(self, cache: CacheConfig, batcher: BatcherConfig) -> int:
         """Run the largest step on a temporary pool just big enough, then give the real pool
