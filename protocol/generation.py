@@ -96,7 +96,8 @@ class GenerationConfig(BaseModel):
     Beside Hugging Face's knobs, OpenAI's and vLLM's, with their definitions (token counts are
     of the generated tokens only, never the prompt's):
 
-    - ``logit_bias`` ``{token id: b}``: ``logits[t] += b``, on the raw logits, first;
+    - ``allowed_token_ids`` (vLLM's): every other token's logit is -inf, first;
+    - ``logit_bias`` ``{token id: b}``: ``logits[t] += b``, on the raw logits;
     - ``frequency_penalty`` f and ``presence_penalty`` p (-2..2): ``logits[t] -= f *
       count(t) + p * (count(t) > 0)``, before the temperature;
     - ``min_p`` (0..1, sampling only): after the temperature, tokens whose probability is
@@ -136,6 +137,9 @@ class GenerationConfig(BaseModel):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0, description="0 disables min-p filtering")
     logit_bias: dict[int, float] = Field(
         default_factory=dict, description="token id -> bias added to its logit (-100..100)"
+    )
+    allowed_token_ids: list[int] | None = Field(
+        default=None, min_length=1, description="only these token ids may be generated"
     )
     num_beams: int = Field(default=1, ge=1, le=64)
     num_return_sequences: int = Field(default=1, ge=1, le=64)
@@ -214,6 +218,8 @@ class GenerationConfig(BaseModel):
             for name, unused in ADDITIVE_KNOBS.items():
                 if getattr(self, name) != unused:
                     raise ValueError(f"'{name}' is not supported with beam search")
+            if self.allowed_token_ids is not None:
+                raise ValueError("'allowed_token_ids' is not supported with beam search")
             if self.json_schema is not None:
                 raise ValueError(
                     "'json_schema' (structured output) is not supported with beam search"

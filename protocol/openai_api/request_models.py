@@ -105,6 +105,8 @@ class _SamplingFields(BaseModel):
     # JSON keys are strings ("50256"); parsed to token ids, values checked against -100..100.
     logit_bias: dict[int, float] | None = None
     user: str | None = None
+    #: vLLM's: only these token ids may be generated.
+    allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
     # vLLM-style extras.
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -183,6 +185,7 @@ class _SamplingFields(BaseModel):
             frequency_penalty=self.frequency_penalty or 0.0,
             min_p=self.min_p or 0.0,
             logit_bias=self.logit_bias or {},
+            allowed_token_ids=self.allowed_token_ids,
             num_beams=num_beams,
             num_return_sequences=self.n,
             length_penalty=self.length_penalty,

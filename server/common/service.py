@@ -173,6 +173,7 @@ class GenerationService:
         """
         self.prompts.check_token_ids(config.stop_token_ids, "stop_token_ids")
         self.prompts.check_token_ids(list(config.logit_bias), "logit_bias")
+        self.prompts.check_token_ids(config.allowed_token_ids or [], "allowed_token_ids")
         asks_logprobs = config.logprobs is not None or config.prompt_logprobs is not None
         if asks_logprobs and not self.backend.is_logprobs_supported:
             raise APIError(

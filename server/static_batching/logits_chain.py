@@ -1,6 +1,7 @@
 """The logits processors of a static-batching package, row by row.
 
-OpenAI's knobs (``logit_bias``, ``presence_penalty``, ``frequency_penalty``, ``min_p``) are
+OpenAI's knobs (``logit_bias``, ``presence_penalty``, ``frequency_penalty``, ``min_p``; vLLM's
+``allowed_token_ids``) are
 applied with the CB engine's definitions (:mod:`server.common.logit_knobs`) in vLLM's order.
 transformers runs the processors a caller passes after its own processors and before its
 warpers, which would put the bias after the repetition penalty and ``min_p`` after top-p; so a
@@ -68,6 +69,27 @@ class LogitBiasProcessor(LogitsProcessor):
         return apply_logit_bias(scores, self.row_index, self.token_index, self.bias)
 
 
+class AllowedTokensProcessor(LogitsProcessor):
+    """vLLM's ``allowed_token_ids``: every other token of such a row scores -inf."""
+
+    def __init__(self, rows: list[Row], device: torch.device) -> None:
+        self.limited = [i for i, row in enumerate(rows) if row.config.allowed_token_ids]
+        self.allowed = [rows[i].config.allowed_token_ids or [] for i in self.limited]
+        self.device = device
+        self.keep: torch.Tensor | None = None  # [limited rows, vocab], built at the first call
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.keep is None:
+            self.keep = torch.zeros(
+                len(self.limited), scores.shape[1], dtype=torch.bool, device=self.device
+            )
+            for j, ids in enumerate(self.allowed):
+                self.keep[j, ids] = True
+        index = torch.tensor(self.limited, dtype=torch.long, device=self.device)
+        scores[index] = scores[index].masked_fill(~self.keep, float("-inf"))
+        return scores
+
+
 class AdditivePenaltiesProcessor(LogitsProcessor):
     """Each row's frequency and presence penalties over its output tokens: the columns of
     ``input_ids`` past the (left-padded) inputs, ``input_width`` of them, and, for a resumed
@@ -117,6 +139,7 @@ def uses_logit_knobs(rows: list[Row]) -> bool:
     """True when a row of the package uses one of OpenAI's knobs (min-p only if it samples)."""
     return any(
         row.config.logit_bias
+        or row.config.allowed_token_ids
         or row.config.presence_penalty != 0.0
         or row.config.frequency_penalty != 0.0
         or (row.config.do_sample and row.config.min_p > 0.0)
@@ -132,10 +155,12 @@ def knob_processors(
     device: torch.device,
 ) -> list[LogitsProcessor]:
     """The package's processing chain when it uses OpenAI's knobs, in vLLM's order:
-    ``logit_bias``, repetition penalty, frequency and presence penalties, then (sampling)
-    temperature, min-p, top-k, top-p, typical-p. ``sampling`` holds the package's values
-    of Hugging Face's knobs."""
+    ``allowed_token_ids``, ``logit_bias``, repetition penalty, frequency and presence
+    penalties, then (sampling) temperature, min-p, top-k, top-p, typical-p. ``sampling``
+    holds the package's values of Hugging Face's knobs."""
     chain: list[LogitsProcessor] = []
+    if any(row.config.allowed_token_ids for row in rows):
+        chain.append(AllowedTokensProcessor(rows, device))
     if any(row.config.logit_bias for row in rows):
         chain.append(LogitBiasProcessor(rows, device))
     if sampling["repetition_penalty"] != 1.0:

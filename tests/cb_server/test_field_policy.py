@@ -29,7 +29,6 @@ VLLM_FIELDS: dict[str, Any] = {
     "guided_grammar": "root ::= 'a'",
     "return_token_ids": True,
     "bad_words": ["Paris"],
-    "allowed_token_ids": [1, 2, 3],
     "reasoning_effort": "low",
     "spaces_between_special_tokens": False,
     "cache_salt": "abc",

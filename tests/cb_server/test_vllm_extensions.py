@@ -1,6 +1,6 @@
 """vLLM's request extensions the servers honour, through the gateway with the ``openai`` SDK's
-``extra_body``, on the CB and the SB server: ``include_stop_str_in_output`` and
-``skip_special_tokens``."""
+``extra_body``, on the CB and the SB server: ``include_stop_str_in_output``,
+``skip_special_tokens``, ``truncate_prompt_tokens`` and ``allowed_token_ids``."""
 
 from __future__ import annotations
 
@@ -85,3 +85,32 @@ def test_priority_runs_on_the_cb_server_and_the_sb_server_refuses_it(
     refused = httpx.post(f"{sb_gateway.url}/v1/completions", json=body, timeout=60)
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "priority"
     assert "'priority' is not supported by this static-batching server" in refused.text
+
+
+def test_allowed_token_ids_limit_the_output(sdk: openai.OpenAI, tokenizer: Any) -> None:
+    options = {"model": MODEL_ID, "prompt": "The capital of France is", "max_tokens": 3}
+    free = sdk.completions.create(temperature=0, **options).choices[0].text
+    assert "London" not in free
+    (london,) = tokenizer.encode(" London")
+    (rome,) = tokenizer.encode(" Rome")
+    only = sdk.completions.create(
+        temperature=0, extra_body={"allowed_token_ids": [london]}, **options
+    )
+    assert only.choices[0].text == " London London London"
+    sampled = sdk.completions.create(
+        temperature=1.0, seed=7, extra_body={"allowed_token_ids": [london, rome]}, **options
+    )
+    words = sampled.choices[0].text.split()
+    assert len(words) == 3 and set(words) <= {"London", "Rome"}
+    chat = sdk.chat.completions.create(
+        model=MODEL_ID, messages=QUESTION, max_tokens=2, temperature=0,
+        extra_body={"allowed_token_ids": [rome]},
+    )  # fmt: skip
+    assert chat.choices[0].message.content == " Rome Rome"
+    for bad in ([], [10**7]):
+        with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+            sdk.completions.create(extra_body={"allowed_token_ids": bad}, **options)
+    with pytest.raises(openai.BadRequestError, match="allowed_token_ids"):
+        sdk.completions.create(
+            extra_body={"allowed_token_ids": [rome], "use_beam_search": True}, n=2, **options
+        )

@@ -60,6 +60,24 @@ def test_logit_bias_matches_its_definition() -> None:
     assert not torch.equal(ours[0], logits[0])
 
 
+def test_allowed_token_ids_keep_only_their_scores() -> None:
+    """vLLM's ``allowed_token_ids``: the row's other tokens score -inf, its allowed ones and
+    the other rows stay bit for bit (a bias on an allowed token still applies after it)."""
+    rows = [
+        RowParams(allowed_token_ids=[3, 999, 17]),
+        RowParams(),  # not limited: untouched
+        RowParams(allowed_token_ids=[0], logit_bias={0: 2.0, 5: 1.0}),
+    ]
+    logits = random_logits(len(rows), seed=4)
+    ours = process_logits(logits, rows)
+    expected = torch.full((V,), float("-inf"))
+    expected[[3, 999, 17]] = logits[0, [3, 999, 17]]
+    assert_same(ours[0], expected)
+    assert_same(ours[1], logits[1])
+    assert ours[2, 0] == logits[2, 0] + 2.0 and torch.isinf(ours[2, 1:]).all()
+    assert ours[0].argmax().item() in (3, 999, 17)
+
+
 def test_presence_and_frequency_count_generated_tokens_only() -> None:
     settings = [(0.5, 0.0), (0.0, 1.5), (-2.0, 2.0), (0.0, 0.0), (1.0, -0.5)]
     rows = [

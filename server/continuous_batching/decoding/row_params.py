@@ -35,6 +35,8 @@ class RowParams:
     frequency_penalty: float = 0.0
     min_p: float = 0.0  # 0 disables min-p
     logit_bias: dict[int, float] = field(default_factory=dict)
+    # vLLM's allowed_token_ids: every other token scores -inf (None: all allowed).
+    allowed_token_ids: list[int] | None = None
     generator: Any = None  # a torch.Generator; None draws from the global RNG
     # A seeded row's draw seeds a generator afresh with this key (draw_keys.draw_key of the
     # seed, the choice and the position); set per step by the decoder, it wins over generator.
@@ -84,6 +86,7 @@ class RowParams:
             frequency_penalty=config.frequency_penalty,
             min_p=config.min_p,
             logit_bias=config.logit_bias,
+            allowed_token_ids=config.allowed_token_ids,
             generator=generator,
             banned_token_ids=list(banned_token_ids or []),
             penalty_token_ids=penalty_token_ids if uses_token_ids else None,
@@ -122,5 +125,6 @@ class RowParams:
             or self.output_penalised
             or bool(self.banned_token_ids)
             or bool(self.logit_bias)
+            or self.allowed_token_ids is not None
             or self.grammar is not None
         )

@@ -92,10 +92,26 @@ def _add_logit_bias(scores: torch.Tensor, rows: list[RowParams]) -> None:
     )
 
 
+def _keep_allowed(scores: torch.Tensor, rows: list[RowParams]) -> None:
+    """vLLM's ``allowed_token_ids``: every other token of such a row scores -inf (in place)."""
+    limited = [i for i, row in enumerate(rows) if row.allowed_token_ids is not None]
+    if not limited:
+        return
+    device = scores.device
+    keep = torch.zeros(len(limited), scores.shape[-1], dtype=torch.bool, device=device)
+    row_index = [j for j, i in enumerate(limited) for _ in rows[i].allowed_token_ids or []]
+    token_index = [t for i in limited for t in rows[i].allowed_token_ids or []]
+    keep[index_tensor(row_index, device), index_tensor(token_index, device)] = True
+    index = index_tensor(limited, device)
+    scores[index] = scores[index].masked_fill(~keep, float("-inf"))
+
+
 def apply_processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
-    """What changes every strategy's choice, in vLLM's order: ``logit_bias``, the repetition
-    penalty (HF's), the frequency and presence penalties, then the banned ids."""
+    """What changes every strategy's choice, in vLLM's order: ``allowed_token_ids``,
+    ``logit_bias``, the repetition penalty (HF's), the frequency and presence penalties, then
+    the banned ids."""
     device, vocab_size = scores.device, scores.shape[-1]
+    _keep_allowed(scores, rows)
     _add_logit_bias(scores, rows)
     penalised = [i for i, row in enumerate(rows) if row.penalised]
     if penalised:
