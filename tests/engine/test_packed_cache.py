@@ -81,7 +81,7 @@ def test_second_load_maps_the_first_ones_packing(
     assert _entries(root) == [entry]
 
 
-def test_a_changed_file_is_repacked_and_its_old_entry_removed(tmp_path: Path) -> None:
+def test_a_changed_or_deleted_file_leaves_no_stale_entry(tmp_path: Path) -> None:
     gguf = write_tiny_llama(tmp_path / "m.gguf", MIX, T.Q4_K, seed=1)
     root = tmp_path / "cache"
     _load(gguf, root)
@@ -91,6 +91,14 @@ def test_a_changed_file_is_repacked_and_its_old_entry_removed(tmp_path: Path) ->
     fresh = _load(gguf, root)
     (new,) = _entries(root)
     assert new != old
+    # A file that is gone leaves nothing behind once another entry is written.
+    gone = write_tiny_llama(tmp_path / "gone.gguf", MIX, T.Q4_K, seed=3)
+    _load(gone, root)
+    assert len(_entries(root)) == 2
+    gone.unlink()
+    other = write_tiny_llama(tmp_path / "other.gguf", MIX, T.Q4_K, seed=4)
+    _load(other, root)
+    assert {e.name.rsplit("-", 1)[0] for e in _entries(root)} == {"m", "other"}
     plain = _load(gguf, root, is_cached=False)
     for a, b in zip(_packed(fresh), _packed(plain), strict=True):
         assert torch.equal(a, b)

@@ -13,7 +13,8 @@ One entry per source file, in ``<root>/packed/<file stem>-<key>/``:
 
 The key hashes the source's resolved path, size and modification time, and the code that
 decides the layout (``LAYOUT_SOURCES``): a changed file or a new packing never meets an old
-entry. Entries of older versions of the same file are removed when a new one is written. A
+entry. Entries of older versions of the same file, and of files that no longer exist, are
+removed when a new one is written. A
 damaged entry (sizes that do not add up, bad JSON) is ignored with a warning, never trusted.
 
 ``root``: ``load_cache.cache_root`` (``model_loading_config.load_cache_dir``).
@@ -204,17 +205,17 @@ class PackedCache:
         self._entries, self._offset = {}, 0
 
     def _remove_stale(self) -> None:
-        """Entries of this source written before it changed (or by older code)."""
-        prefix = f"{self.source.stem}-"
-        for other in self.folder.parent.glob(f"{prefix}*"):
+        """Entries of this source written before it changed (or by older code), and entries
+        whose source file is gone (a deleted or moved model)."""
+        for other in self.folder.parent.iterdir():
             index_file = other / _INDEX
             if other == self.folder or ".tmp" in other.name or not index_file.is_file():
                 continue
             try:
-                is_same_source = json.loads(index_file.read_text())["source"] == str(self.source)
+                source = json.loads(index_file.read_text())["source"]
             except (OSError, ValueError, KeyError):
                 continue
-            if is_same_source:
+            if source == str(self.source) or not Path(source).exists():
                 shutil.rmtree(other, ignore_errors=True)
 
 
