@@ -6,6 +6,7 @@ transformers means the same thing here.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from typing import Annotated, Any, Literal
@@ -20,6 +21,7 @@ from pydantic import (
 )
 
 from protocol.resume import StreamResume
+from protocol.structured_outputs import GrammarKind, StructuredOutputs
 
 
 def _check_truncation(value: int | None) -> int | None:
@@ -107,7 +109,9 @@ class GenerationConfig(BaseModel):
 
     ``json_schema`` constrains the output to JSON that validates against the schema
     (``{"type": "object"}``: any JSON object), token by token (structured output); a schema
-    the grammar library cannot compile is a 400. Beam search refuses it.
+    the grammar library cannot compile is a 400. ``structured_outputs`` (vLLM's; not with
+    ``json_schema``) constrains it to a schema, a regex, a choice, a grammar or a structural
+    tag instead. Beam search refuses both.
 
     ``logprobs`` N (0..20) asks for each generated token's log-probability and its N likeliest
     alternatives, in float32 from the model's logits: of the raw logits by default
@@ -163,6 +167,11 @@ class GenerationConfig(BaseModel):
     json_schema: dict[str, Any] | None = Field(
         default=None, description="constrain the output to JSON valid against this schema"
     )
+    structured_outputs: StructuredOutputs | None = Field(
+        default=None,
+        description="vLLM's structured outputs: a JSON schema, a regex, a choice, a grammar or "
+        "a structural tag (one; not with json_schema)",
+    )
     logprobs: int | None = Field(
         default=None,
         ge=0,
@@ -208,6 +217,8 @@ class GenerationConfig(BaseModel):
                 f"min_new_tokens ({self.min_new_tokens}) must be <= max_new_tokens "
                 f"({self.max_new_tokens})"
             )
+        if self.json_schema is not None and self.structured_outputs is not None:
+            raise ValueError("'json_schema' and 'structured_outputs' cannot both be given")
         if self.do_sample and self.temperature < MIN_SAMPLING_TEMPERATURE:
             # OpenAI semantics: temperature 0 is greedy (and so is one too small to divide by).
             self.do_sample = False
@@ -220,10 +231,8 @@ class GenerationConfig(BaseModel):
                     raise ValueError(f"'{name}' is not supported with beam search")
             if self.allowed_token_ids is not None:
                 raise ValueError("'allowed_token_ids' is not supported with beam search")
-            if self.json_schema is not None:
-                raise ValueError(
-                    "'json_schema' (structured output) is not supported with beam search"
-                )
+            if self.json_schema is not None or self.structured_outputs is not None:
+                raise ValueError("structured output is not supported with beam search")
             if self.logprobs is not None:
                 # A beam's tokens are chosen by the beams' running scores, not one by one.
                 raise ValueError("'logprobs' is not supported with beam search")
@@ -238,6 +247,15 @@ class GenerationConfig(BaseModel):
                 "num_return_sequences (greedy decoding would return identical copies)"
             )
         return self
+
+    @property
+    def output_grammar(self) -> tuple[GrammarKind, str] | None:
+        """The output's constraint as (kind, text) for the grammar compiler; None: free."""
+        if self.json_schema is not None:
+            return "json", json.dumps(self.json_schema)
+        if self.structured_outputs is not None:
+            return self.structured_outputs.grammar_source()
+        return None
 
     @property
     def is_beam_search(self) -> bool:

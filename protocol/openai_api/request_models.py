@@ -34,6 +34,11 @@ from protocol.generation import (
     parse_logit_bias,
 )
 from protocol.resume import StreamResume
+from protocol.structured_outputs import StructuredOutputs
+
+#: vLLM's older names of ``structured_outputs``' constraints: ``guided_<name>`` is
+#: ``structured_outputs: {<name>: ...}``.
+GUIDED_FIELDS = ("json", "regex", "choice", "grammar")
 
 #: The bound of the completions ``logprobs`` (alternatives per token): vLLM's 20, where
 #: OpenAI's legacy API stops at 5.
@@ -126,6 +131,13 @@ class _SamplingFields(BaseModel):
     length_penalty: float = 1.0
     early_stopping: bool | Literal["never"] = False
     response_format: ResponseFormat | None = None
+    #: vLLM's: the output follows a JSON schema, a regex, a choice, a grammar or a tag.
+    structured_outputs: StructuredOutputs | None = None
+    #: vLLM's older names for ``structured_outputs``' json, regex, choice and grammar.
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     #: vLLM's logprobs mode as an extra: "raw" (default) or "processed" (see GenerationConfig).
     logprobs_mode: Literal["raw", "processed"] | None = None
     #: Set by our gateway only: finish a stream another server broke off (``protocol.resume``).
@@ -149,7 +161,33 @@ class _SamplingFields(BaseModel):
     def _refuse_unsupported(self) -> _SamplingFields:
         if self.best_of is not None and self.best_of > self.n and not self.use_beam_search:
             raise ValueError("'best_of' > 'n' is only supported with 'use_beam_search'")
+        self._fold_guided_fields()
         return self
+
+    def _fold_guided_fields(self) -> None:
+        """Turn a ``guided_*`` field into ``structured_outputs``; refuse two constraints."""
+        guided = {
+            name: getattr(self, f"guided_{name}")
+            for name in GUIDED_FIELDS
+            if getattr(self, f"guided_{name}") is not None
+        }
+        given = [f"guided_{name}" for name in guided]
+        if self.structured_outputs is not None:
+            given.insert(0, "structured_outputs")
+        if self.response_format is not None and self.response_format.type != "text":
+            given.insert(0, "response_format")
+        if len(given) > 1:
+            raise ValueError(
+                "only one constraint on the output may be given; got "
+                + ", ".join(f"'{name}'" for name in given)
+            )
+        if guided:
+            ((name, value),) = guided.items()
+            try:
+                self.structured_outputs = StructuredOutputs.model_validate({name: value})
+            except ValidationError as exc:
+                reason = "; ".join(error["msg"] for error in exc.errors())
+                raise ValueError(f"'guided_{name}': {reason}") from None
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
@@ -198,6 +236,7 @@ class _SamplingFields(BaseModel):
             priority=self.priority,
             seed=self.seed,
             json_schema=self.response_format.schema_of_output() if self.response_format else None,
+            structured_outputs=self.structured_outputs,
             logprobs=self._num_top_logprobs(),
             logprobs_mode=self.logprobs_mode or "raw",
             prompt_logprobs=self._num_prompt_logprobs(),

@@ -30,7 +30,7 @@ from server.common.field_policy import check_unknown_fields, mark_dropped
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import ChoiceResult, GenerationService, Job, new_response_id
 from server.common.tool_calls import call_schema, parse_tool_calls
-from utils.errors import validation_api_error
+from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
 
 
@@ -81,6 +81,14 @@ def _chat_job(
     tools = body.active_tools
     forced = body.forced_function
     if forced is not None:  # required, or a named function: the output is one call
+        if config.output_grammar is not None:
+            raise APIError(
+                400,
+                "a forced tool call ('tool_choice' required or a named function) constrains "
+                "the output itself; it cannot be combined with 'response_format' or "
+                "'structured_outputs'",
+                param="tool_choice",
+            )
         config.json_schema = call_schema(tools, forced or None)
     if body.resume is not None:
         return service.make_resumed_job(body.resume, config, record)

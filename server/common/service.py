@@ -243,21 +243,24 @@ class GenerationService:
 
     def _output_constraint(self, config: GenerationConfig) -> OutputConstraint | None:
         """The request's structured-output constraint, its grammar compiled (cached) now, so
-        that a schema that cannot be compiled is a 400 before anything runs."""
-        if config.json_schema is None:
+        that a constraint that cannot be compiled is a 400 before anything runs."""
+        source = config.output_grammar
+        if source is None:
             return None
+        param = "structured_outputs" if config.structured_outputs else "response_format"
         if self.grammars is None:
             raise APIError(
                 400,
-                "structured output ('response_format' json_object or json_schema, or a "
-                f"forced tool call) is not available: {self.no_grammar_reason}",
-                param="response_format",
+                "structured output ('response_format' json_object or json_schema, "
+                "'structured_outputs', a 'guided_*' field or a forced tool call) is not "
+                f"available: {self.no_grammar_reason}",
+                param=param,
             )
-        constraint = OutputConstraint.json_schema(config.json_schema)
+        constraint = OutputConstraint(*source)
         try:
             self.grammars.grammar(constraint)
         except GrammarError as exc:
-            raise APIError(400, str(exc), param="response_format") from None
+            raise APIError(400, str(exc), param=param) from None
         return constraint
 
     def _matcher(self, constraint: OutputConstraint) -> GrammarMatcher:

@@ -1,5 +1,5 @@
-"""Structured output: generation constrained to a JSON schema (or any JSON object), token by
-token, with llguidance.
+"""Structured output: generation constrained to a JSON schema (or any JSON object), a regex,
+a choice, a GBNF/Lark grammar or a structural tag, token by token, with llguidance.
 
 Why llguidance (over xgrammar and outlines-core): it has no run-time dependencies (a Rust core
 with a small Python binding; xgrammar pulls in triton and a TVM runtime), computes a step's
@@ -32,17 +32,30 @@ class GrammarError(ValueError):
     """A schema the grammar library cannot compile (the message says why)."""
 
 
+#: What each kind of constraint is called in an error message.
+_KIND_NAMES: dict[str, str] = {
+    "json": "JSON schema",
+    "regex": "regex",
+    "choice": "choice",
+    "grammar": "grammar",
+    "structural_tag": "structural tag",
+}
+
+
 @dataclass(frozen=True)
 class OutputConstraint:
-    """A request's constraint: a JSON schema (``{"type": "object"}`` for ``json_object``)."""
+    """A request's constraint: its kind (``protocol.structured_outputs.GrammarKind``) and its
+    text (a JSON schema's JSON, a regex, a JSON list of choices, a GBNF or Lark grammar, or a
+    structural tag's JSON)."""
 
-    schema_json: str
+    kind: str
+    text: str
 
     @classmethod
     def json_schema(cls, schema: dict[str, Any]) -> OutputConstraint:
         """Output that validates against ``schema`` (keys not sorted: the order of
         ``properties`` is the order the output writes them in)."""
-        return cls(json.dumps(schema))
+        return cls("json", json.dumps(schema))
 
     @classmethod
     def json_object(cls) -> OutputConstraint:
@@ -50,8 +63,56 @@ class OutputConstraint:
         return cls.json_schema(JSON_OBJECT_SCHEMA)
 
 
+def _lark_choice(choices: list[str]) -> str:
+    """A Lark grammar whose only sentences are ``choices`` (JSON strings are Lark literals)."""
+    return "start: " + " | ".join(json.dumps(choice) for choice in choices)
+
+
+def _lark_structural_tag(text: str) -> str:
+    """A Lark grammar of vLLM's structural tag: free text in which each part that begins with
+    a structure's ``begin`` continues with JSON valid against its ``schema``, then ``end``."""
+    import llguidance
+
+    from protocol.structured_outputs import structural_tags
+
+    tag = structural_tags(text)
+    tags = [
+        llguidance.StructTag(
+            trigger=tag.trigger_of(structure) or structure.begin,
+            begin=structure.begin,
+            grammar=structure.schema_,
+            end=structure.end,
+        )
+        for structure in tag.structures
+    ]
+    return llguidance.StructTag.to_grammar(tags)
+
+
+def compile_grammar(kind: str, text: str) -> str:
+    """llguidance's grammar of a constraint; ``GrammarError`` when it cannot be compiled.
+    JSON is written without optional whitespace (as vLLM's ``disable_any_whitespace``)."""
+    import llguidance
+
+    try:
+        if kind == "json":
+            return llguidance.LLMatcher.grammar_from_json_schema(
+                text, defaults={"whitespace_flexible": False}
+            )
+        if kind == "regex":
+            return llguidance.LLMatcher.grammar_from_regex(text)
+        if kind == "choice":
+            return llguidance.LLMatcher.grammar_from_lark(_lark_choice(json.loads(text)))
+        if kind == "grammar":  # GBNF (llama.cpp's) or Lark, told apart by llguidance
+            return llguidance.grammar_from("grammar", text)
+        if kind == "structural_tag":
+            return llguidance.LLMatcher.grammar_from_lark(_lark_structural_tag(text))
+    except (ValueError, TypeError) as exc:
+        raise GrammarError(f"the {_KIND_NAMES[kind]} cannot be compiled: {exc}") from None
+    raise GrammarError(f"unknown kind of constraint {kind!r}")
+
+
 class GrammarCompiler:
-    """Compiles constraints into grammars for one tokenizer; each schema once (cached)."""
+    """Compiles constraints into grammars for one tokenizer; each constraint once (cached)."""
 
     def __init__(
         self, tokenizer: Any, vocab_size: int | None = None, eos_token_ids: list[int] | None = None
@@ -64,23 +125,18 @@ class GrammarCompiler:
         self.vocab_size: int = self.tokenizer.vocab_size
         self._compile = functools.lru_cache(maxsize=256)(self._compile_uncached)
 
-    def _compile_uncached(self, schema_json: str) -> str:
+    def _compile_uncached(self, constraint: OutputConstraint) -> str:
         import llguidance
 
-        try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(
-                schema_json, defaults={"whitespace_flexible": False}
-            )
-        except (ValueError, TypeError) as exc:
-            raise GrammarError(f"the JSON schema cannot be compiled: {exc}") from None
+        grammar = compile_grammar(constraint.kind, constraint.text)
         error = llguidance.LLMatcher.validate_grammar(grammar, self.tokenizer)
         if error:  # "" when the grammar is fine
-            raise GrammarError(f"the JSON schema cannot be compiled: {error}")
+            raise GrammarError(f"the {_KIND_NAMES[constraint.kind]} cannot be compiled: {error}")
         return grammar
 
     def grammar(self, constraint: OutputConstraint) -> str:
         """The compiled grammar of ``constraint`` (cached); :class:`GrammarError` if none."""
-        return self._compile(constraint.schema_json)
+        return self._compile(constraint)
 
     def matcher(self, constraint: OutputConstraint) -> GrammarMatcher:
         """A fresh matcher at the start of ``constraint``'s grammar."""
@@ -88,7 +144,8 @@ class GrammarCompiler:
 
         matcher = llguidance.LLMatcher(self.tokenizer, self.grammar(constraint), log_level=0)
         if matcher.is_error():
-            raise GrammarError(f"the JSON schema cannot be compiled: {matcher.get_error()}")
+            name = _KIND_NAMES.get(constraint.kind, constraint.kind)
+            raise GrammarError(f"the {name} cannot be compiled: {matcher.get_error()}")
         return GrammarMatcher(matcher, self.vocab_size)
 
 

@@ -5,6 +5,7 @@ against the schema (the engine masks every step's logits by the schema's grammar
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import jsonschema
@@ -108,3 +109,104 @@ def test_the_static_batching_server_says_it_cannot(sb_server: ServerThread) -> N
     assert answer.status_code == 400, answer.text
     error = answer.json()["error"]
     assert error["param"] == "response_format" and "continuous-batching" in error["message"]
+
+
+# -- vLLM's structured_outputs and its older guided_* names ------------------------------------
+
+PHONE = r"[0-9]{3}-[0-9]{4}"
+CITIES = ["Paris", "London", "Berlin"]
+
+
+def _completion_text(client: Any, prompt: str, **extra: Any) -> str:
+    answer = client.completions.create(
+        model=MODEL_ID, prompt=prompt, max_tokens=16, temperature=0, extra_body=extra
+    )
+    assert answer.choices[0].finish_reason == "stop", answer.choices[0]
+    return answer.choices[0].text
+
+
+def test_regex_choice_and_grammar_hold_on_both_routes(client: Any) -> None:
+    regex = {"structured_outputs": {"regex": PHONE}}
+    assert re.fullmatch(PHONE, _completion_text(client, "Call me at", **regex))
+    assert re.fullmatch(PHONE, _completion_text(client, "Call me at", guided_regex=PHONE))
+    asked = [{"role": "user", "content": "Which city is the capital of France?"}]
+    for extra in ({"guided_choice": CITIES}, {"structured_outputs": {"choice": CITIES}}):
+        answer = client.chat.completions.create(
+            model=MODEL_ID, messages=asked, max_tokens=8, temperature=0, extra_body=extra
+        )
+        assert answer.choices[0].message.content in CITIES
+    # A GBNF grammar (llama.cpp's syntax) and a Lark one, sampled: every sample is a sentence.
+    gbnf = 'root ::= ("yes" | "no") ("," ("yes" | "no"))?'
+    lark = 'start: ("a" | "b") ("a" | "b")? "!"'
+    for grammar, valid in ((gbnf, r"(yes|no)(,(yes|no))?"), (lark, r"[ab]{1,2}!")):
+        answer = client.completions.create(
+            model=MODEL_ID, prompt="Well:", max_tokens=16, temperature=1.0, seed=3, n=3,
+            extra_body={"structured_outputs": {"grammar": grammar}},
+        )  # fmt: skip
+        for choice in answer.choices:
+            assert choice.finish_reason == "stop" and re.fullmatch(valid, choice.text), choice
+
+
+def test_guided_json_and_a_json_text_schema(client: Any, gateway: ServerThread) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"enum": CITIES}, "ok": {"type": "boolean"}},
+        "required": ["city", "ok"],
+        "additionalProperties": False,
+    }
+    for extra in ({"guided_json": schema}, {"structured_outputs": {"json": json.dumps(schema)}}):
+        text = _completion_text(client, "Capital of France as JSON:", **extra)
+        jsonschema.validate(json.loads(text), schema)
+    config = {"max_new_tokens": 24, "structured_outputs": {"json": schema}}
+    body = {"prompt": "Capital of France as JSON:", "generation_config": config}
+    native = gateway.http.post("/generate", json=body, timeout=60)
+    assert native.status_code == 200, native.text
+    jsonschema.validate(json.loads(native.json()["choices"][0]["text"]), schema)
+
+
+@pytest.mark.parametrize(
+    ("extra", "named"),
+    [
+        ({"guided_regex": "[a-z]", "guided_choice": ["a"]}, "'guided_regex', 'guided_choice'"),
+        (
+            {"response_format": {"type": "json_object"}, "structured_outputs": {"regex": "a"}},
+            "'response_format', 'structured_outputs'",
+        ),
+        ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "'regex', 'choice'"),
+        ({"structured_outputs": {}}, "got none"),
+        ({"structured_outputs": {"regex": "(["}}, "regex cannot be compiled"),
+        ({"structured_outputs": {"grammar": "root ::= nothing"}}, "grammar cannot be compiled"),
+        ({"structured_outputs": {"pattern": "a"}}, "pattern"),
+        ({"structured_outputs": {"json": {}, "whitespace_pattern": " "}}, "whitespace_pattern"),
+        ({"guided_choice": []}, "guided_choice"),
+        ({"structured_outputs": {"structural_tag": "{}"}}, "structural_tag"),
+    ],
+)
+def test_bad_constraints_are_400s_naming_the_problem(
+    gateway: ServerThread, extra: dict[str, Any], named: str
+) -> None:
+    body = {"model": MODEL_ID, "prompt": "Hi", "max_tokens": 4, **extra}
+    answer = gateway.http.post("/v1/completions", json=body)
+    assert answer.status_code == 400, answer.text
+    assert named in answer.json()["error"]["message"]
+
+
+def test_a_forced_tool_call_takes_no_second_constraint(gateway: ServerThread) -> None:
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    body = {
+        "model": MODEL_ID,
+        "messages": ASK,
+        "tools": [tool],
+        "tool_choice": "required",
+        "structured_outputs": {"regex": "a"},
+    }
+    answer = gateway.http.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 400 and answer.json()["error"]["param"] == "tool_choice"
+
+
+def test_the_static_batching_server_refuses_structured_outputs(sb_server: ServerThread) -> None:
+    body = {"prompt": "Hi", "max_tokens": 4, "guided_regex": "[a-z]+"}
+    answer = sb_server.http.post("/v1/completions", json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "structured_outputs" and "continuous-batching" in error["message"]

@@ -397,6 +397,16 @@ def test_openai_knobs_go_upstream_and_min_p_does_not() -> None:
         {"prompt": "hi", "generation_config": {"do_sample": True, "min_p": 0.1}}
     )
     assert upstream_unsupported_fields(min_p) == ("generation_config.min_p",)
+    vllm_only = {
+        "allowed_token_ids": [1, 2],
+        "structured_outputs": {"regex": "[a-z]+"},
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+    }
+    request = GenerateRequest.model_validate({"prompt": "hi", "generation_config": vllm_only})
+    assert upstream_unsupported_fields(request) == tuple(
+        f"generation_config.{name}" for name in vllm_only
+    )
 
 
 def test_stream_translation_survives_any_chunking() -> None:

@@ -141,3 +141,47 @@ def test_a_tokenizer_llguidance_cannot_read_turns_the_feature_off(
     with pytest.raises(APIError) as refused:
         service.make_job("r", [[1, 2]], config, RequestRecord(request_id="r", endpoint="/x"))
     assert refused.value.status_code == 400 and "tokenizer" in refused.value.message
+
+
+def _accepts(
+    compiler: GrammarCompiler, tokenizer: Any, constraint: OutputConstraint, text: str
+) -> bool:
+    """True when every token of ``text`` is allowed in turn by ``constraint``'s grammar."""
+    matcher = compiler.matcher(constraint)
+    return all(matcher.accept(t) for t in tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_structural_tag_constrains_only_the_tagged_parts(
+    compiler: GrammarCompiler, tokenizer: Any
+) -> None:
+    from protocol.structured_outputs import StructuredOutputs
+
+    weather = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    tag = {
+        "type": "structural_tag",
+        "structures": [{"begin": "<f=weather>", "schema": weather, "end": "</f>"}],
+        "triggers": ["<f="],
+    }
+    source = StructuredOutputs.model_validate({"structural_tag": json.dumps(tag)}).grammar_source()
+    constraint = OutputConstraint(*source)
+    assert _accepts(compiler, tokenizer, constraint, 'Let me look. <f=weather>{"city":"Oslo"}</f>')
+    assert _accepts(compiler, tokenizer, constraint, "No call at all, just text.")
+    assert not _accepts(compiler, tokenizer, constraint, '<f=weather>{"town":"Oslo"}</f>')
+    assert not _accepts(compiler, tokenizer, constraint, "<f=rain>")  # no such structure
+
+
+@pytest.mark.parametrize(
+    ("kind", "text", "good", "bad"),
+    [
+        ("regex", r"[0-9]{3}-[0-9]{4}", "555-1234", "555-12a"),
+        ("choice", json.dumps(["Paris", "Lyon"]), "Lyon", "London"),
+        ("grammar", 'root ::= "a" root | "b"', "aaab", "aaba"),
+        ("grammar", 'start: "x" "y"*', "xyyy", "yx"),
+    ],
+)
+def test_each_kind_allows_its_sentences_alone(
+    compiler: GrammarCompiler, tokenizer: Any, kind: str, text: str, good: str, bad: str
+) -> None:
+    constraint = OutputConstraint(kind, text)
+    assert _accepts(compiler, tokenizer, constraint, good)
+    assert not _accepts(compiler, tokenizer, constraint, bad)
