@@ -36,6 +36,8 @@ TruncatePromptTokens = Annotated[int | None, Field(ge=-1), AfterValidator(_check
 FinishReason = Literal["stop", "length", "abort"]
 
 MAX_STOP_STRINGS = 16
+#: The most ``bad_words`` a request may ban (each costs a check per step).
+MAX_BAD_WORDS = 128
 #: Below this temperature, sampling is greedy decoding (as in vLLM): dividing logits by a
 #: vanishing temperature overflows them to inf/NaN and samples garbage, or nothing.
 MIN_SAMPLING_TEMPERATURE = 1e-5
@@ -99,6 +101,8 @@ class GenerationConfig(BaseModel):
     of the generated tokens only, never the prompt's):
 
     - ``allowed_token_ids`` (vLLM's): every other token's logit is -inf, first;
+    - ``bad_words`` (vLLM's): a word's last token is -inf when the output ends with the rest of
+      its tokens (each word as written and after a space; ``server.common.bad_words``);
     - ``logit_bias`` ``{token id: b}``: ``logits[t] += b``, on the raw logits;
     - ``frequency_penalty`` f and ``presence_penalty`` p (-2..2): ``logits[t] -= f *
       count(t) + p * (count(t) > 0)``, before the temperature;
@@ -144,6 +148,11 @@ class GenerationConfig(BaseModel):
     )
     allowed_token_ids: list[int] | None = Field(
         default=None, min_length=1, description="only these token ids may be generated"
+    )
+    bad_words: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_BAD_WORDS,
+        description="words the output must not contain (vLLM's: banned token by token)",
     )
     num_beams: int = Field(default=1, ge=1, le=64)
     num_return_sequences: int = Field(default=1, ge=1, le=64)
@@ -201,6 +210,13 @@ class GenerationConfig(BaseModel):
     def _parse_logit_bias(cls, value: Any) -> Any:
         return parse_logit_bias(value)
 
+    @field_validator("bad_words")
+    @classmethod
+    def _check_bad_words(cls, value: list[str]) -> list[str]:
+        if any(not word.strip() for word in value):
+            raise ValueError("bad words must not be empty or blank")
+        return value
+
     @field_validator("stop")
     @classmethod
     def _check_stop(cls, value: list[str]) -> list[str]:
@@ -231,6 +247,8 @@ class GenerationConfig(BaseModel):
                     raise ValueError(f"'{name}' is not supported with beam search")
             if self.allowed_token_ids is not None:
                 raise ValueError("'allowed_token_ids' is not supported with beam search")
+            if self.bad_words:
+                raise ValueError("'bad_words' is not supported with beam search")
             if self.json_schema is not None or self.structured_outputs is not None:
                 raise ValueError("structured output is not supported with beam search")
             if self.logprobs is not None:

@@ -112,6 +112,8 @@ class _SamplingFields(BaseModel):
     user: str | None = None
     #: vLLM's: only these token ids may be generated.
     allowed_token_ids: list[int] | None = Field(default=None, min_length=1)
+    #: vLLM's: words the output must not contain.
+    bad_words: list[str] | None = None
     # vLLM-style extras.
     top_k: int | None = Field(default=None, ge=-1)
     min_p: float | None = Field(default=None, ge=0.0, le=1.0)
@@ -224,6 +226,7 @@ class _SamplingFields(BaseModel):
             min_p=self.min_p or 0.0,
             logit_bias=self.logit_bias or {},
             allowed_token_ids=self.allowed_token_ids,
+            bad_words=self.bad_words or [],
             num_beams=num_beams,
             num_return_sequences=self.n,
             length_penalty=self.length_penalty,

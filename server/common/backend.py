@@ -30,6 +30,8 @@ class SequenceRequest:
     #: For ``config.json_schema``: a matcher at the start of its grammar
     #: (``server.common.structured_output.GrammarMatcher``), None when unconstrained.
     grammar: Any = None
+    #: For ``config.bad_words``: the token sequences they ban (``server.common.bad_words``).
+    bad_words_ids: list[list[int]] = field(default_factory=list)
     #: A resumed stream (``protocol.resume``): the tokens another server generated for this
     #: choice before it died, continued here as if generated here (one choice, n = 1).
     resumed_token_ids: list[int] = field(default_factory=list)

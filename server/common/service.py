@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from protocol.generation import FinishReason, GenerationConfig, TokenLogprob, Usage
 from protocol.resume import StreamResume
 from server.common.backend import GenerationBackend, SequenceRequest, TextDelta
+from server.common.bad_words import bad_words_token_ids
 
 # ServingSettings lives with the config it is made from; importers of this module still find it.
 from server.common.config import ServingSettings as ServingSettings
@@ -191,6 +192,7 @@ class GenerationService:
                 param="priority",
             )
         constraint = self._output_constraint(config)
+        bad_words_ids = bad_words_token_ids(self.prompts.tokenizer, config.bad_words)
         limits = [self.prompts.max_new_tokens_for(len(ids), config) for ids in prompts]
         if len(set(limits)) == 1:
             config.max_new_tokens = limits[0]
@@ -203,6 +205,7 @@ class GenerationService:
                 token_ids,
                 resolved,
                 grammar=self._matcher(constraint) if constraint is not None else None,
+                bad_words_ids=bad_words_ids,
             )
             for i, (token_ids, resolved) in enumerate(zip(prompts, configs, strict=True))
         ]

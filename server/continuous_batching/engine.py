@@ -197,6 +197,7 @@ class LLMEngine:
         seq.grammar = request.grammar
         group = SequenceGroup(request.request_id, [seq], config, request.arrival_time)
         group.choice_offset = request.choice_index
+        group.bad_words_ids = request.bad_words_ids
         reason = self.scheduler.why_never_fits(group)
         if reason is not None:
             raise EngineError(400, reason)

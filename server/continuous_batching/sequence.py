@@ -103,6 +103,8 @@ class SequenceGroup:
     is_aborted: bool = False
     # Token ids that end a sequence (EOS unless ignored, plus stop ids), set once at admission.
     stop_token_ids: list[int] = field(default_factory=list)
+    # The token sequences ``config.bad_words`` ban (server.common.bad_words), set at admission.
+    bad_words_ids: list[list[int]] = field(default_factory=list)
     # Engine-owned decoding state (sampling generator, beam search state).
     generator: Any = None
     beam_state: BeamSearchState | None = None

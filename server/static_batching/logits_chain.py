@@ -1,7 +1,7 @@
 """The logits processors of a static-batching package, row by row.
 
 OpenAI's knobs (``logit_bias``, ``presence_penalty``, ``frequency_penalty``, ``min_p``; vLLM's
-``allowed_token_ids``) are
+``allowed_token_ids`` and ``bad_words``) are
 applied with the CB engine's definitions (:mod:`server.common.logit_knobs`) in vLLM's order.
 transformers runs the processors a caller passes after its own processors and before its
 warpers, which would put the bias after the repetition penalty and ``min_p`` after top-p; so a
@@ -26,6 +26,7 @@ from transformers.generation.logits_process import (
 )
 
 from protocol.generation import GenerationConfig
+from server.common.bad_words import bad_word_bans
 from server.common.logit_knobs import apply_additive_penalties, apply_logit_bias
 from server.static_batching.rows import Row
 
@@ -90,6 +91,30 @@ class AllowedTokensProcessor(LogitsProcessor):
         return scores
 
 
+class BadWordsProcessor(LogitsProcessor):
+    """vLLM's ``bad_words``: a word's last token scores -inf where the row's output (the
+    columns past the inputs, ``input_width`` of them, and a resumed row's resumed tail) ends
+    with the rest of its tokens (``server.common.bad_words``)."""
+
+    def __init__(self, rows: list[Row], input_width: int) -> None:
+        self.rows = [
+            (i, row.state.request.bad_words_ids, input_width - row.num_resumed)
+            for i, row in enumerate(rows)
+            if row.state.request.bad_words_ids
+        ]
+        #: The most output tokens a word's check reads.
+        self.num_read = max(len(ids) - 1 for _, words, _ in self.rows for ids in words)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
+        width = input_ids.shape[1]
+        for i, words, output_start in self.rows:
+            tail = input_ids[i, max(output_start, width - self.num_read) :].tolist()
+            banned = bad_word_bans(words, tail)
+            if banned:
+                scores[i, banned] = -float("inf")
+        return scores
+
+
 class AdditivePenaltiesProcessor(LogitsProcessor):
     """Each row's frequency and presence penalties over its output tokens: the columns of
     ``input_ids`` past the (left-padded) inputs, ``input_width`` of them, and, for a resumed
@@ -140,6 +165,7 @@ def uses_logit_knobs(rows: list[Row]) -> bool:
     return any(
         row.config.logit_bias
         or row.config.allowed_token_ids
+        or row.state.request.bad_words_ids
         or row.config.presence_penalty != 0.0
         or row.config.frequency_penalty != 0.0
         or (row.config.do_sample and row.config.min_p > 0.0)
@@ -155,12 +181,14 @@ def knob_processors(
     device: torch.device,
 ) -> list[LogitsProcessor]:
     """The package's processing chain when it uses OpenAI's knobs, in vLLM's order:
-    ``allowed_token_ids``, ``logit_bias``, repetition penalty, frequency and presence
+    ``allowed_token_ids``, ``bad_words``, ``logit_bias``, repetition penalty, frequency and presence
     penalties, then (sampling) temperature, min-p, top-k, top-p, typical-p. ``sampling``
     holds the package's values of Hugging Face's knobs."""
     chain: list[LogitsProcessor] = []
     if any(row.config.allowed_token_ids for row in rows):
         chain.append(AllowedTokensProcessor(rows, device))
+    if any(row.state.request.bad_words_ids for row in rows):
+        chain.append(BadWordsProcessor(rows, input_width))
     if any(row.config.logit_bias for row in rows):
         chain.append(LogitBiasProcessor(rows, device))
     if sampling["repetition_penalty"] != 1.0:

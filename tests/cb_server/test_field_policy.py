@@ -23,7 +23,6 @@ from tests.support.default_model import MODEL_ID, engine_config
 #: name rather than dropped. (A field honoured later moves out of this list.)
 VLLM_FIELDS: dict[str, Any] = {
     "return_token_ids": True,
-    "bad_words": ["Paris"],
     "reasoning_effort": "low",
     "spaces_between_special_tokens": False,
     "cache_salt": "abc",

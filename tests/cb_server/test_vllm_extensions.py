@@ -114,3 +114,24 @@ def test_allowed_token_ids_limit_the_output(sdk: openai.OpenAI, tokenizer: Any) 
         sdk.completions.create(
             extra_body={"allowed_token_ids": [rome], "use_beam_search": True}, n=2, **options
         )
+
+
+def test_bad_words_never_appear(sdk: openai.OpenAI) -> None:
+    options = {"model": MODEL_ID, "prompt": "The capital of France is", "temperature": 0}
+    free = sdk.completions.create(max_tokens=3, **options).choices[0].text
+    assert free.startswith(" Paris")
+    banned = sdk.completions.create(max_tokens=3, extra_body={"bad_words": ["Paris"]}, **options)
+    assert "Paris" not in banned.choices[0].text
+    # A word of several tokens: its first tokens may come, its last one never after them.
+    chat = {"model": MODEL_ID, "messages": QUESTION, "temperature": 0, "max_tokens": 24}
+    answer = sdk.chat.completions.create(**chat).choices[0].message.content or ""
+    words = answer.split()
+    pair = next(
+        f"{a} {b}" for a, b in zip(words, words[1:], strict=False) if a.isalpha() and b.isalpha()
+    )
+    avoided = sdk.chat.completions.create(extra_body={"bad_words": [pair]}, **chat)
+    text = avoided.choices[0].message.content or ""
+    assert pair in answer and pair not in text
+    assert text.split()[:1] == answer.split()[:1]  # the same until the ban bites
+    with pytest.raises(openai.BadRequestError, match="bad_words"):
+        sdk.completions.create(max_tokens=2, extra_body={"bad_words": [" "]}, **options)

@@ -261,3 +261,25 @@ def test_row_params_carry_the_knobs() -> None:
     assert row.logit_bias == {7: 2.5} and row.output_penalised and not row.penalised
     plain = RowParams.from_generation_config(GenerationConfig(), penalty_token_ids=TOKENS)
     assert plain.penalty_token_ids is None and not plain.processes_logits
+
+
+def test_bad_words_ban_a_last_token_only_after_the_rest() -> None:
+    """vLLM's ``bad_words``: a one-token word is always banned; a longer word's last token
+    only where the output (never the prompt) ends with the word's other tokens."""
+    prompt = [5, 6]
+    words = [[9], [6, 7], [1, 2, 3]]
+    rows = [
+        RowParams(bad_words_ids=words, penalty_token_ids=[*prompt], num_prompt_tokens=2),
+        RowParams(bad_words_ids=words, penalty_token_ids=[*prompt, 6], num_prompt_tokens=2),
+        RowParams(bad_words_ids=words, penalty_token_ids=[*prompt, 1, 2], num_prompt_tokens=2),
+        RowParams(bad_words_ids=words, penalty_token_ids=[*prompt, 2, 1], num_prompt_tokens=2),
+        RowParams(),
+    ]
+    logits = random_logits(len(rows), seed=5)
+    ours = process_logits(logits, rows)
+    # Row 0: only the prompt ends with 6, so 7 stays; rows 1 and 2 end with a word's start.
+    banned = [{9}, {9, 7}, {9, 3}, {9}, set()]
+    for i, ids in enumerate(banned):
+        expected = logits[i].clone()
+        expected[list(ids)] = float("-inf")
+        assert_same(ours[i], expected)

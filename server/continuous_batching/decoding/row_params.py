@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.generation import GenerationConfig
+from server.common.bad_words import bad_word_bans
 
 __all__ = ["RowLogprobs", "RowParams"]
 
@@ -44,10 +45,13 @@ class RowParams:
     # Ids scored -inf this step, e.g. EOS + stop ids while min_new_tokens is not reached.
     banned_token_ids: list[int] = field(default_factory=list)
     # Prompt + generated ids. HF's repetition penalty covers them all (input_ids holds the
-    # prompt); the presence and frequency penalties only the generated ones, from
-    # num_prompt_tokens on.
+    # prompt); the presence and frequency penalties and the bad words only the generated ones,
+    # from num_prompt_tokens on.
     penalty_token_ids: list[int] | None = None
     num_prompt_tokens: int = 0
+    # vLLM's bad_words as token sequences: each one's last token is banned when the output
+    # ends with the rest (server.common.bad_words).
+    bad_words_ids: list[list[int]] = field(default_factory=list)
     # The sequence's output grammar (structured output): the sampler masks the row by it.
     grammar: Any = None
     # None: no logprobs; N: the chosen token's logprob and the N likeliest, of the raw logits
@@ -64,16 +68,19 @@ class RowParams:
         banned_token_ids: list[int] | None = None,
         penalty_token_ids: list[int] | None = None,
         num_prompt_tokens: int = 0,
+        bad_words_ids: list[list[int]] | None = None,
     ) -> RowParams:
         """Row parameters for a request's sequence (beam rows are built with ``is_greedy``).
 
         ``penalty_token_ids`` (the sequence's live token list, whose first
-        ``num_prompt_tokens`` are the prompt) is kept only when a penalty reads it.
+        ``num_prompt_tokens`` are the prompt) is kept only when a penalty or a bad word of
+        several tokens reads it.
         """
         uses_token_ids = (
             config.repetition_penalty != 1.0
             or config.presence_penalty != 0.0
             or config.frequency_penalty != 0.0
+            or any(len(ids) > 1 for ids in bad_words_ids or [])
         )
         return cls(
             is_greedy=not config.do_sample or config.is_beam_search,
@@ -91,9 +98,19 @@ class RowParams:
             banned_token_ids=list(banned_token_ids or []),
             penalty_token_ids=penalty_token_ids if uses_token_ids else None,
             num_prompt_tokens=num_prompt_tokens,
+            bad_words_ids=list(bad_words_ids or []),
             logprobs=config.logprobs,
             logprobs_mode=config.logprobs_mode,
         )
+
+    def banned_now(self) -> list[int]:
+        """The ids scored -inf this step: the banned ids and the bad words' next tokens."""
+        if not self.bad_words_ids:
+            return self.banned_token_ids
+        bans = bad_word_bans(
+            self.bad_words_ids, self.penalty_token_ids or [], self.num_prompt_tokens
+        )
+        return [*self.banned_token_ids, *bans]
 
     @property
     def samples(self) -> bool:
@@ -124,6 +141,7 @@ class RowParams:
             or self.penalised
             or self.output_penalised
             or bool(self.banned_token_ids)
+            or bool(self.bad_words_ids)
             or bool(self.logit_bias)
             or self.allowed_token_ids is not None
             or self.grammar is not None

@@ -44,6 +44,7 @@ def row_params_for(group: SequenceGroup, seq: Sequence) -> RowParams:
             # The live token list: the penalties follow the sequence as it grows.
             penalty_token_ids=seq.token_ids,
             num_prompt_tokens=seq.num_prompt_tokens,
+            bad_words_ids=group.bad_words_ids,
         )
         row.grammar = seq.grammar  # the sequence's own matcher: the sampler masks by it
     elif row.banned_token_ids and is_min_reached:

@@ -3,9 +3,10 @@
 Processing follows vLLM's sampler (``vllm/v1/sample/sampler.py``) for OpenAI's knobs and
 ``GenerationMixin._get_logits_processor`` in transformers 5 for Hugging Face's:
 ``logit_bias``, repetition penalty, frequency and presence penalties (on generated tokens
-only), banned ids (``min_new_tokens``); then, for sampled rows only, temperature, ``min_p``,
-top-k, top-p and typical-p (definitions in :mod:`server.common.logit_knobs`, HF's transforms
-in :mod:`~server.continuous_batching.sampling.logits_processing`). A row that uses none of
+only), banned ids (``min_new_tokens``, ``bad_words``); then, for sampled rows only,
+temperature, ``min_p``, top-k, top-p and typical-p (definitions in
+:mod:`server.common.logit_knobs`, HF's transforms in
+:mod:`~server.continuous_batching.sampling.logits_processing`). A row that uses none of
 OpenAI's knobs gets exactly transformers' processing.
 
 Every transform runs once over all the rows that use it (a masked sub-batch) and is skipped when
@@ -109,7 +110,7 @@ def _keep_allowed(scores: torch.Tensor, rows: list[RowParams]) -> None:
 def apply_processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     """What changes every strategy's choice, in vLLM's order: ``allowed_token_ids``,
     ``logit_bias``, the repetition penalty (HF's), the frequency and presence penalties, then
-    the banned ids."""
+    the banned ids (``min_new_tokens``' stop ids, ``bad_words``' next tokens)."""
     device, vocab_size = scores.device, scores.shape[-1]
     _keep_allowed(scores, rows)
     _add_logit_bias(scores, rows)
@@ -134,9 +135,10 @@ def apply_processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tenso
             counted,
             lambda s: apply_additive_penalties(s, generated, frequency, presence),
         )
-    banned_rows = [i for i, row in enumerate(rows) for _ in row.banned_token_ids]
+    bans = [row.banned_now() for row in rows]
+    banned_rows = [i for i, banned in enumerate(bans) for _ in banned]
     if banned_rows:
-        banned_ids = [t for row in rows for t in row.banned_token_ids]
+        banned_ids = [t for banned in bans for t in banned]
         apply_banned_tokens(
             scores, index_tensor(banned_rows, device), index_tensor(banned_ids, device)
         )
