@@ -140,6 +140,8 @@ class _SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    #: vLLM's: answer with the prompt's and the output's token ids beside the text.
+    return_token_ids: bool = False
     #: vLLM's logprobs mode as an extra: "raw" (default) or "processed" (see GenerationConfig).
     logprobs_mode: Literal["raw", "processed"] | None = None
     #: Set by our gateway only: finish a stream another server broke off (``protocol.resume``).

@@ -17,6 +17,11 @@ def _now() -> int:
     return int(time.time())
 
 
+def _token_ids() -> list[int] | None:
+    """vLLM's ``return_token_ids`` field: left out of the answer unless asked for."""
+    return Field(default=None, exclude_if=lambda value: value is None)  # type: ignore[no-any-return]
+
+
 class _Answer(BaseModel):
     """What every answer object starts with; each answer fixes its ``object``."""
 
@@ -44,6 +49,9 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: OpenAIFinishReason | None = None
     logprobs: CompletionLogprobs | None = None
+    #: With vLLM's ``return_token_ids``: the choice's prompt and generated token ids.
+    prompt_token_ids: list[int] | None = _token_ids()
+    token_ids: list[int] | None = _token_ids()
 
 
 class CompletionResponse(_Answer):
@@ -104,6 +112,8 @@ class ChatCompletionChoice(BaseModel):
     message: ChatResponseMessage
     finish_reason: OpenAIFinishReason | None = None
     logprobs: ChatLogprobs | None = None
+    #: With vLLM's ``return_token_ids``: the generated token ids.
+    token_ids: list[int] | None = _token_ids()
 
 
 class ChatCompletionResponse(_Answer):
@@ -112,6 +122,8 @@ class ChatCompletionResponse(_Answer):
     object: Literal["chat.completion"] = "chat.completion"
     choices: list[ChatCompletionChoice]
     usage: Usage
+    #: With vLLM's ``return_token_ids``: the prompt's token ids (the rendered chat).
+    prompt_token_ids: list[int] | None = _token_ids()
 
 
 class ChatDelta(BaseModel):
@@ -131,6 +143,8 @@ class ChatCompletionChunkChoice(BaseModel):
     delta: ChatDelta
     finish_reason: OpenAIFinishReason | None = None
     logprobs: ChatLogprobs | None = None
+    #: With vLLM's ``return_token_ids``: this chunk's generated token ids.
+    token_ids: list[int] | None = _token_ids()
 
 
 class ChatCompletionChunk(_Answer):
@@ -139,6 +153,8 @@ class ChatCompletionChunk(_Answer):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     choices: list[ChatCompletionChunkChoice]
     usage: Usage | None = None
+    #: With vLLM's ``return_token_ids``: the prompt's token ids, on the first chunk.
+    prompt_token_ids: list[int] | None = _token_ids()
 
 
 class ModelCard(BaseModel):

@@ -4,7 +4,7 @@ that let the gateway resume a broken stream, ``protocol.resume``), or the whole 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
@@ -31,6 +31,7 @@ async def stream_events(
     choice_of: ChoiceEncoder,
     is_usage_streamed: bool,
     is_tracked: bool = False,
+    opening_fields: dict[str, Any] | None = None,
 ) -> AsyncIterator[bytes]:
     """The SSE events of ``job`` in one API's shape: one per step (every choice ``choice_of``
     shows), then, if ``is_usage_streamed``, one with no choices and the usage.
@@ -40,12 +41,19 @@ async def stream_events(
     step events reuse its serialised form (``ChunkEncoder``) and only encode their choices.
     ``is_tracked`` (the gateway asked, the stream can be resumed) adds ``protocol.resume``'s
     comment lines: the prompt's ids first, then each event's token ids and text length.
+    ``opening_fields`` go into the envelope of the first event with choices only.
     """
     num_tokens = 0
     opened = set(job.opened_choices)
     extra = {"created": job.created} if job.created is not None else {}
     head = envelope(id=job.request_id, model=model_id, choices=[], **extra)
     encoder = ChunkEncoder(head)
+    first_encoder = encoder
+    if opening_fields:
+        opening_head = envelope(
+            id=job.request_id, model=model_id, choices=[], **extra, **opening_fields
+        )
+        first_encoder = ChunkEncoder(opening_head)
     if is_tracked:
         opening = {
             "id": job.request_id,
@@ -68,7 +76,8 @@ async def stream_events(
                 tokens[str(delta.index)][1] = num_chars + (len(delta.text) if choice else 0)
         comment = TOKENS_COMMENT + orjson.dumps(tokens) + b"\n" if tokens else b""
         if choices:
-            yield comment + encoder.encode(choices)
+            yield comment + first_encoder.encode(choices)
+            first_encoder = encoder
         elif comment:
             yield comment + b"\n"
     if is_usage_streamed:
@@ -90,6 +99,8 @@ class AnswerShape:
     #: False when a stream's text is not the deltas' text as they come (tool calls read at
     #: the end, an echoed prompt): another server could not take it over from the ids.
     is_resumable: bool = True
+    #: Top-level fields of a stream's first event with choices only.
+    opening_fields: dict[str, Any] = field(default_factory=dict)
 
 
 async def answer_job(
@@ -121,6 +132,7 @@ async def answer_job(
                 shape.chunk_choice,
                 is_usage_streamed,
                 is_tracked,
+                shape.opening_fields,
             )
         )
     results = await run_unless_disconnected(request, service.collect(job))

@@ -29,6 +29,7 @@ from server.common.completion_shape import Echo, EchoedPrompt, completion_shape
 from server.common.field_policy import check_unknown_fields, mark_dropped
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import ChoiceResult, GenerationService, Job, new_response_id
+from server.common.token_ids_shape import with_token_ids
 from server.common.tool_calls import call_schema, parse_tool_calls
 from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
@@ -256,7 +257,10 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         body = await parse_body(request, CompletionRequest, service.settings.max_request_bytes)
         dropped = check_unknown_fields(body, service.settings.unknown_fields, "/v1/completions")
         job, echo = _completion_job(service, body, request_record(request))
-        answer = await _answer(request, service, job, completion_shape(echo), body)
+        shape = completion_shape(echo)
+        if body.return_token_ids:
+            shape = with_token_ids(shape, job, is_chat=False)
+        answer = await _answer(request, service, job, shape, body)
         return mark_dropped(answer, dropped)
 
     @router.post(
@@ -272,6 +276,8 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         shape = _CHAT
         if body.active_tools:
             shape = _chat_with_tools(is_constrained=body.forced_function is not None)
+        if body.return_token_ids:
+            shape = with_token_ids(shape, job, is_chat=True)
         return mark_dropped(await _answer(request, service, job, shape, body), dropped)
 
     @router.get("/models", response_model=ModelList)

@@ -47,6 +47,8 @@ class ChoiceResult:
     logprobs: list[TokenLogprob] | None = None
     #: One entry per prompt token after the first when the request scores its prompt.
     prompt_logprobs: list[TokenLogprob] | None = None
+    #: The generated token ids.
+    token_ids: list[int] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -87,6 +89,12 @@ class Job:
         if self.choice_offsets is not None:
             return self.choice_offsets[sequence_index]
         return sequence_index * self.num_choices_per_sequence
+
+    def prompt_token_ids_of(self, choice_index: int) -> list[int]:
+        """The prompt's token ids of the answer's choice ``choice_index``."""
+        if self.choice_offsets is not None:  # a resumed stream's choices share one prompt
+            return self.sequences[0].prompt_token_ids
+        return self.sequences[choice_index // self.num_choices_per_sequence].prompt_token_ids
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -378,6 +386,7 @@ class GenerationService:
                 result = results.setdefault(delta.index, ChoiceResult(delta.index))
                 result.text_parts.append(delta.text)
                 result.num_tokens += delta.num_new_tokens
+                result.token_ids.extend(delta.token_ids)
                 if delta.logprobs is not None:
                     if result.logprobs is None:
                         result.logprobs = []

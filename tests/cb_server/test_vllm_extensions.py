@@ -135,3 +135,36 @@ def test_bad_words_never_appear(sdk: openai.OpenAI) -> None:
     assert text.split()[:1] == answer.split()[:1]  # the same until the ban bites
     with pytest.raises(openai.BadRequestError, match="bad_words"):
         sdk.completions.create(max_tokens=2, extra_body={"bad_words": [" "]}, **options)
+
+
+def test_return_token_ids_whole_and_streamed(sdk: openai.OpenAI, tokenizer: Any) -> None:
+    prompt = "The capital of France is"
+    options = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 6, "temperature": 0}
+    plain = sdk.completions.create(**options).choices[0]
+    assert "token_ids" not in (plain.model_extra or {})  # only when asked
+    whole = sdk.completions.create(extra_body={"return_token_ids": True}, **options).choices[0]
+    extra = whole.model_extra or {}
+    assert extra["prompt_token_ids"] == tokenizer.encode(prompt)
+    assert len(extra["token_ids"]) == 6 and tokenizer.decode(extra["token_ids"]) == whole.text
+    chunks = list(
+        sdk.completions.create(stream=True, extra_body={"return_token_ids": True}, **options)
+    )
+    firsts = [c.choices[0].model_extra or {} for c in chunks if c.choices]
+    assert firsts[0]["prompt_token_ids"] == extra["prompt_token_ids"]
+    assert all("prompt_token_ids" not in later for later in firsts[1:])
+    assert [t for chunk in firsts for t in chunk["token_ids"]] == extra["token_ids"]
+
+    chat = {"model": MODEL_ID, "messages": QUESTION, "max_tokens": 5, "temperature": 0}
+    answer = sdk.chat.completions.create(extra_body={"return_token_ids": True}, **chat)
+    prompt_ids = (answer.model_extra or {})["prompt_token_ids"]
+    assert answer.usage is not None and len(prompt_ids) == answer.usage.prompt_tokens
+    assert "What is the capital of France?" in tokenizer.decode(prompt_ids)
+    ids = (answer.choices[0].model_extra or {})["token_ids"]
+    assert tokenizer.decode(ids) == answer.choices[0].message.content
+    streamed = list(
+        sdk.chat.completions.create(stream=True, extra_body={"return_token_ids": True}, **chat)
+    )
+    assert (streamed[0].model_extra or {})["prompt_token_ids"] == prompt_ids
+    assert all("prompt_token_ids" not in (c.model_extra or {}) for c in streamed[1:])
+    pieces = [(c.choices[0].model_extra or {}).get("token_ids", []) for c in streamed if c.choices]
+    assert [t for piece in pieces for t in piece] == ids
