@@ -37,6 +37,7 @@ from protocol.openai_api.response_models import (
     ModelCard,
     ModelList,
     OpenAIFinishReason,
+    PromptLogprob,
     ToolCall,
 )
 
@@ -55,6 +56,7 @@ __all__ = [
     "ChatTopLogprob",
     "CompletionChoice",
     "CompletionLogprobs",
+    "PromptLogprob",
     "CompletionRequest",
     "CompletionResponse",
     "FunctionCall",

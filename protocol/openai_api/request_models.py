@@ -142,6 +142,8 @@ class _SamplingFields(BaseModel):
     guided_grammar: str | None = None
     #: vLLM's: answer with the prompt's and the output's token ids beside the text.
     return_token_ids: bool = False
+    #: vLLM's: each prompt token's logprob (after the first) and this many alternatives.
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     #: vLLM's logprobs mode as an extra: "raw" (default) or "processed" (see GenerationConfig).
     logprobs_mode: Literal["raw", "processed"] | None = None
     #: Set by our gateway only: finish a stream another server broke off (``protocol.resume``).
@@ -165,6 +167,8 @@ class _SamplingFields(BaseModel):
     def _refuse_unsupported(self) -> _SamplingFields:
         if self.best_of is not None and self.best_of > self.n and not self.use_beam_search:
             raise ValueError("'best_of' > 'n' is only supported with 'use_beam_search'")
+        if self.prompt_logprobs is not None and self.stream:
+            raise ValueError("'prompt_logprobs' is not available with 'stream' (as in vLLM)")
         self._fold_guided_fields()
         return self
 
@@ -202,7 +206,7 @@ class _SamplingFields(BaseModel):
 
     def _num_prompt_logprobs(self) -> int | None:
         """The native ``prompt_logprobs``: None unless the API asks for the prompt's."""
-        return None
+        return self.prompt_logprobs
 
     def to_generation_config(self) -> GenerationConfig:
         """Translate OpenAI/vLLM fields into our Hugging Face-named config.
@@ -281,6 +285,14 @@ class CompletionRequest(_SamplingFields):
     def _check_completion_fields(self) -> CompletionRequest:
         if self.suffix:
             raise ValueError("'suffix' is not supported")
+        if (
+            self.echo
+            and self.logprobs is not None
+            and self.prompt_logprobs not in (None, self.logprobs)
+        ):
+            raise ValueError(
+                "'prompt_logprobs' must equal 'logprobs' when 'echo' scores the prompt too"
+            )
         if isinstance(self.prompt, list) and not self.prompt:
             raise ValueError("'prompt' must not be empty")
         if self.max_tokens == 0 and not self.echo:
@@ -300,7 +312,7 @@ class CompletionRequest(_SamplingFields):
         return self.logprobs
 
     def _num_prompt_logprobs(self) -> int | None:
-        return self.logprobs if self.echo else None
+        return self.logprobs if self.echo and self.logprobs is not None else self.prompt_logprobs
 
     def prompts(self) -> list[str | list[int]]:
         """The request's prompts: one string or token list per prompt."""

@@ -31,6 +31,15 @@ class _Answer(BaseModel):
     model: str
 
 
+class PromptLogprob(BaseModel):
+    """vLLM's ``Logprob`` of a prompt token or an alternative: ``rank`` is 1 for the likeliest
+    token (None for a prompt token outside the alternatives asked for)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str
+
+
 class CompletionLogprobs(BaseModel):
     """A completion choice's logprobs (OpenAI's legacy shape): per generated token its text,
     logprob, likeliest alternatives ``{text: logprob}`` and offset in the choice's text."""
@@ -49,6 +58,9 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: OpenAIFinishReason | None = None
     logprobs: CompletionLogprobs | None = None
+    #: With vLLM's ``prompt_logprobs``: per prompt token (None for the first) its id's
+    #: ``{logprob, rank, decoded_token}`` and its alternatives'.
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _token_ids()
     #: With vLLM's ``return_token_ids``: the choice's prompt and generated token ids.
     prompt_token_ids: list[int] | None = _token_ids()
     token_ids: list[int] | None = _token_ids()
@@ -124,6 +136,8 @@ class ChatCompletionResponse(_Answer):
     usage: Usage
     #: With vLLM's ``return_token_ids``: the prompt's token ids (the rendered chat).
     prompt_token_ids: list[int] | None = _token_ids()
+    #: With vLLM's ``prompt_logprobs``: as a completion choice's.
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _token_ids()
 
 
 class ChatDelta(BaseModel):

@@ -29,8 +29,8 @@ from server.common.completion_shape import Echo, EchoedPrompt, completion_shape
 from server.common.field_policy import check_unknown_fields, mark_dropped
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import ChoiceResult, GenerationService, Job, new_response_id
-from server.common.token_ids_shape import with_token_ids
 from server.common.tool_calls import call_schema, parse_tool_calls
+from server.common.vllm_answer_fields import with_prompt_logprobs, with_token_ids
 from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
 
@@ -260,6 +260,8 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         shape = completion_shape(echo)
         if body.return_token_ids:
             shape = with_token_ids(shape, job, is_chat=False)
+        if body.prompt_logprobs is not None:
+            shape = with_prompt_logprobs(shape, is_chat=False)
         answer = await _answer(request, service, job, shape, body)
         return mark_dropped(answer, dropped)
 
@@ -278,6 +280,8 @@ def build_openai_router(service: GenerationService) -> APIRouter:
             shape = _chat_with_tools(is_constrained=body.forced_function is not None)
         if body.return_token_ids:
             shape = with_token_ids(shape, job, is_chat=True)
+        if body.prompt_logprobs is not None:
+            shape = with_prompt_logprobs(shape, is_chat=True)
         return mark_dropped(await _answer(request, service, job, shape, body), dropped)
 
     @router.get("/models", response_model=ModelList)

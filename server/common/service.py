@@ -185,11 +185,12 @@ class GenerationService:
         self.prompts.check_token_ids(config.allowed_token_ids or [], "allowed_token_ids")
         asks_logprobs = config.logprobs is not None or config.prompt_logprobs is not None
         if asks_logprobs and not self.backend.is_logprobs_supported:
+            name = "logprobs" if config.logprobs is not None else "prompt_logprobs"
             raise APIError(
                 400,
-                f"'logprobs' is not supported by this {self.backend.kind.replace('_', '-')} "
+                f"'{name}' is not supported by this {self.backend.kind.replace('_', '-')} "
                 "server; it is served by the continuous-batching server",
-                param="logprobs",
+                param=name,
             )
         if config.priority != 0 and not self.backend.is_priority_supported:
             raise APIError(

@@ -194,3 +194,40 @@ def test_gateway_translations_decline_native_logprobs() -> None:
     assert "generation_config.logprobs" in upstream_unsupported_fields(request)
     with pytest.raises(ValueError, match="logprobs"):
         TritonGenerateRequest.from_generate_request(request, "Hi", default_max_tokens=4)
+
+
+def test_vllm_prompt_logprobs_on_the_openai_routes(gateway: Any, sb_server: ServerThread) -> None:
+    """vLLM's ``prompt_logprobs``: per prompt token (None first) ``{id: {logprob, rank,
+    decoded_token}}``, the same figures as the native ``prompt_logprobs``."""
+    prompt = "The capital of France is"
+    native = gateway.http.post(
+        "/generate",
+        json={"prompt": prompt, "generation_config": {"max_new_tokens": 1, "prompt_logprobs": 2}},
+        timeout=60,
+    ).json()["choices"][0]["prompt_logprobs"]
+    body = {"model": MODEL_ID, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 2}
+    answer = gateway.http.post("/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    scored = answer.json()["choices"][0]["prompt_logprobs"]
+    assert scored[0] is None and len(scored) == len(native) + 1
+    for position, entry in zip(scored[1:], native, strict=True):
+        own = position[str(entry["token_id"])]
+        assert own["logprob"] == entry["logprob"] and own["decoded_token"] == entry["token"]
+        tops = entry["top_logprobs"]
+        assert [position[str(t["token_id"])]["rank"] for t in tops] == [1, 2]
+        assert len(position) == len({entry["token_id"], *(t["token_id"] for t in tops)})
+    plain = gateway.http.post("/v1/completions", json={**body, "prompt_logprobs": None})
+    assert "prompt_logprobs" not in plain.json()["choices"][0]
+    chat = {"model": MODEL_ID, "messages": ASK, "max_tokens": 1, "prompt_logprobs": 0}
+    whole = gateway.http.post("/v1/chat/completions", json=chat, timeout=60).json()
+    assert whole["prompt_logprobs"][0] is None
+    assert len(whole["prompt_logprobs"]) == whole["usage"]["prompt_tokens"]
+    refused = [
+        (gateway, {**body, "stream": True}, "stream"),
+        (gateway, {**body, "echo": True, "logprobs": 1}, "must equal"),
+        (gateway, {**body, "prompt_logprobs": 21}, "prompt_logprobs"),
+        (sb_server, body, "'prompt_logprobs' is not supported"),
+    ]
+    for server, sent, reason in refused:
+        answer = server.http.post("/v1/completions", json=sent, timeout=60)
+        assert answer.status_code == 400 and reason in answer.text, answer.text
