@@ -12,9 +12,10 @@ the format Hermes and Qwen use; earlier calls and tool results in the conversati
 back the same way (``<tool_response>`` for results), so the model sees one convention.
 
 ``tool_choice``: ``none`` renders no tools; ``auto`` lets the model answer or call; ``required``
-and a named function constrain the output with the JSON schema of :func:`call_schema` (one call
-object, through structured output), so it always parses. :func:`parse_tool_calls` reads calls
-out of the text either way.
+and a named function constrain the output with :func:`calls_grammar`: one or more
+``<tool_call>`` blocks (one with ``parallel_tool_calls: false``) whose JSON follows
+:func:`call_schema`, through structured output, so they always parse. :func:`parse_tool_calls`
+reads calls out of the text either way (the first only, with ``parallel_tool_calls: false``).
 """
 
 from __future__ import annotations
@@ -138,14 +139,26 @@ def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[st
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
-def parse_tool_calls(
-    text: str, *, is_constrained: bool = False
-) -> tuple[str | None, list[ToolCall]]:
-    """The text's content and calls: ``<tool_call>`` blocks (or, when the output was
-    constrained to one call, the whole text). Blocks that are not a JSON call stay text."""
-    if is_constrained:
-        call = _call_of(text)
-        return (None, [call]) if call is not None else (text, [])
+#: llguidance's option for JSON written without optional whitespace (as structured output's).
+_COMPACT = {"x-guidance": {"whitespace_flexible": False}}
+
+
+def calls_grammar(tools: list[dict[str, Any]], name: str | None, *, is_parallel: bool) -> str:
+    """The Lark grammar (llguidance's, with ``%json`` schemas) of a forced answer: calls to
+    ``name`` (None: any of ``tools``), each a ``<tool_call>`` block of :func:`call_schema`'s
+    JSON; one or more, a newline apart, or exactly one unless ``is_parallel``."""
+    repeat = ' ("\\n" call)*' if is_parallel else ""
+    return (
+        f"start: call{repeat}\n"
+        f"call: {json.dumps(TOOL_CALL_OPEN)} body {json.dumps(TOOL_CALL_CLOSE)}\n"
+        f"body: %json {json.dumps({**call_schema(tools, name), **_COMPACT})}\n"
+    )
+
+
+def parse_tool_calls(text: str, *, is_parallel: bool = True) -> tuple[str | None, list[ToolCall]]:
+    """The text's content and calls: its ``<tool_call>`` blocks (only the first without
+    ``is_parallel``: OpenAI's ``parallel_tool_calls: false`` answers one call at most, later
+    ones are dropped). Blocks that are not a JSON call stay text."""
     calls: list[ToolCall] = []
     kept: list[str] = []
     last = 0
@@ -154,7 +167,8 @@ def parse_tool_calls(
         if call is None:
             continue
         kept.append(text[last : match.start()])
-        calls.append(call)
+        if is_parallel or not calls:
+            calls.append(call)
         last = match.end()
     kept.append(text[last:])
     content = "".join(kept).strip()
@@ -162,6 +176,7 @@ def parse_tool_calls(
 
 
 def _call_of(text: str) -> ToolCall | None:
+    """The call a block's JSON makes (``arguments``, or Llama's ``parameters``); None if none."""
     try:
         data = json.loads(text)
     except ValueError:

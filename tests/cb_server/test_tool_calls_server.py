@@ -1,7 +1,8 @@
 """Tool calls through the gateway with the ``openai`` SDK on the CB server: ``tools`` rendered
 (SmolLM2's template knows none, so the documented fallback), ``tool_choice`` required or named
-constrained to a valid call, calls in OpenAI's ``tool_calls`` (streamed and not), and the
-``role: tool`` answer taken back."""
+constrained to valid calls (several, or one with ``parallel_tool_calls: false``), calls in
+OpenAI's ``tool_calls`` (streamed as OpenAI streams them: id and name, then argument
+fragments), content streamed as it comes, and the ``role: tool`` answer taken back."""
 
 from __future__ import annotations
 
@@ -66,19 +67,56 @@ def _ask_with_tools(client: Any, tool_choice: str | dict[str, Any], **options: A
     )
 
 
-def test_a_required_call_is_valid_streamed_or_not(client: Any) -> None:
-    answer = _ask_with_tools(client, "required", max_tokens=64, temperature=0)
+def _streamed_calls(chunks: list[Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The calls a stream's tool-call deltas make, reassembled as the SDK does: by index, the
+    id and name on the first delta, the arguments' text in fragments."""
+    calls: dict[int, list[Any]] = {}
+    for chunk in chunks:
+        for delta in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if delta.index not in calls:
+                assert delta.id.startswith("call_") and delta.function.name
+                calls[delta.index] = [delta.function.name, ""]
+            else:
+                assert delta.id is None
+            calls[delta.index][1] += delta.function.arguments or ""
+    return [(name, json.loads(arguments)) for name, arguments in calls.values()]
+
+
+def test_required_calls_are_valid_streamed_or_not(client: Any) -> None:
+    """``required``: one call or more, each valid (two here, as the model chooses); the
+    stream sends each call's arguments in fragments as they are generated."""
+    answer = _ask_with_tools(client, "required", max_tokens=96, temperature=0)
     choice = answer.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
-    [call] = choice.message.tool_calls
-    _check_call(call)
-    # Streamed: the SDK assembles the same call from the chunks.
-    chunks = list(_ask_with_tools(client, "required", max_tokens=64, temperature=0, stream=True))
-    streamed = [tc for c in chunks if c.choices for tc in c.choices[0].delta.tool_calls or []]
+    calls = choice.message.tool_calls
+    assert len(calls) == 2 and len({call.id for call in calls}) == 2
+    whole = [(call.function.name, _check_call(call)) for call in calls]
+    chunks = list(_ask_with_tools(client, "required", max_tokens=96, temperature=0, stream=True))
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
-    assert [(tc.function.name, tc.function.arguments) for tc in streamed] == [
-        (call.function.name, call.function.arguments)
-    ]
+    assert _streamed_calls(chunks) == whole
+    fragments = [c for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(fragments) > len(whole)  # the arguments came in pieces, not whole at the end
+    # parallel_tool_calls: false: exactly one call, streamed or not.
+    one = _ask_with_tools(
+        client, "required", max_tokens=96, temperature=0, parallel_tool_calls=False
+    )
+    assert [call.function.name for call in one.choices[0].message.tool_calls] == [whole[0][0]]
+    chunks = list(
+        _ask_with_tools(
+            client, "required", max_tokens=96, temperature=0, parallel_tool_calls=False,
+            stream=True,
+        )
+    )  # fmt: skip
+    assert _streamed_calls(chunks) == whole[:1]
+
+
+def test_auto_streams_content_as_it_comes(client: Any) -> None:
+    options = {"max_tokens": 24, "temperature": 0}
+    whole = _ask_with_tools(client, "auto", **options).choices[0]
+    chunks = list(_ask_with_tools(client, "auto", stream=True, **options))
+    texts = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    assert len(texts) > 1 and "".join(texts) == whole.message.content
+    assert chunks[-1].choices[0].finish_reason == whole.finish_reason
 
 
 def test_a_named_function_and_the_round_trip(client: Any) -> None:

@@ -14,6 +14,7 @@ from transformers import AutoTokenizer
 from server.common.tool_calls import (
     TOOL_CALL_OPEN,
     call_schema,
+    calls_grammar,
     fallback_conversation,
     parse_tool_calls,
 )
@@ -94,6 +95,28 @@ def test_calls_are_parsed_out_of_the_text() -> None:
     # Not JSON, or no call at all: the text stays text.
     assert parse_tool_calls("<tool_call>oops</tool_call>") == ("<tool_call>oops</tool_call>", [])
     assert parse_tool_calls("It is sunny.") == ("It is sunny.", [])
-    # Constrained output is one call object, no tags.
-    content, calls = parse_tool_calls('{"name": "get_time", "arguments": {}}', is_constrained=True)
-    assert content is None and calls[0].name == "get_time"
+    # parallel_tool_calls: false: the first call alone; later calls are not made.
+    content, calls = parse_tool_calls(text, is_parallel=False)
+    assert content == "Let me check." and [c.name for c in calls] == ["get_weather"]
+
+
+def test_the_forced_calls_grammar_takes_calls_and_nothing_else(default_model_path: Path) -> None:
+    from server.common.structured_output import GrammarCompiler, OutputConstraint
+
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    compiler = GrammarCompiler(tokenizer, eos_token_ids=[tokenizer.eos_token_id])
+    weather = '<tool_call>{"name":"get_weather","arguments":{"city":"Oslo"}}</tool_call>'
+    time = '<tool_call>{"name":"get_time","arguments":{}}</tool_call>'
+
+    def accepts(grammar: str, text: str) -> bool:
+        matcher = compiler.matcher(OutputConstraint("grammar", grammar))
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        return all(matcher.accept(t) for t in ids) and matcher._matcher.is_accepting()
+
+    several = calls_grammar([WEATHER, TIME], None, is_parallel=True)
+    assert accepts(several, weather) and accepts(several, f"{weather}\n{time}")
+    assert not accepts(several, "It is sunny.")
+    one = calls_grammar([WEATHER, TIME], None, is_parallel=False)
+    assert accepts(one, time) and not accepts(one, f"{weather}\n{time}")
+    named = calls_grammar([WEATHER, TIME], "get_time", is_parallel=True)
+    assert accepts(named, time) and not accepts(named, weather)
