@@ -379,6 +379,19 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    #: OpenAI's: how hard a reasoning model thinks; given to the chat template as
+    #: ``reasoning_effort`` (templates that read it, gpt-oss's say, act on it).
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
+    #: vLLM's: false leaves the split-out reasoning out of the answer.
+    include_reasoning: bool = True
+
+    @property
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """What the chat template is given beside the messages: ``chat_template_kwargs`` and
+        ``reasoning_effort``."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     @model_validator(mode="after")
     def _check_chat_fields(self) -> ChatCompletionRequest:
@@ -423,6 +436,6 @@ class ChatCompletionRequest(_SamplingFields):
     def to_generate_request(self) -> GenerateRequest | None:
         """The native request that asks the same, or None when none does (a continued final
         message, chat template arguments, or options that make no valid native config)."""
-        if self.continue_final_message or self.chat_template_kwargs or self.active_tools:
+        if self.continue_final_message or self.template_kwargs or self.active_tools:
             return None
         return self._native(messages=self.messages)

@@ -4,7 +4,7 @@ and the model list."""
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -17,9 +17,10 @@ def _now() -> int:
     return int(time.time())
 
 
-def _token_ids() -> list[int] | None:
-    """vLLM's ``return_token_ids`` field: left out of the answer unless asked for."""
-    return Field(default=None, exclude_if=lambda value: value is None)  # type: ignore[no-any-return]
+def _unless_set() -> Any:
+    """A field of vLLM's beside OpenAI's (``return_token_ids``, ``prompt_logprobs``,
+    ``reasoning_content``): left out of the answer unless set, so OpenAI's shape is unchanged."""
+    return Field(default=None, exclude_if=lambda value: value is None)
 
 
 class _Answer(BaseModel):
@@ -60,10 +61,10 @@ class CompletionChoice(BaseModel):
     logprobs: CompletionLogprobs | None = None
     #: With vLLM's ``prompt_logprobs``: per prompt token (None for the first) its id's
     #: ``{logprob, rank, decoded_token}`` and its alternatives'.
-    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _token_ids()
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _unless_set()
     #: With vLLM's ``return_token_ids``: the choice's prompt and generated token ids.
-    prompt_token_ids: list[int] | None = _token_ids()
-    token_ids: list[int] | None = _token_ids()
+    prompt_token_ids: list[int] | None = _unless_set()
+    token_ids: list[int] | None = _unless_set()
 
 
 class CompletionResponse(_Answer):
@@ -95,6 +96,8 @@ class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
     tool_calls: list[ToolCall] | None = None
+    #: The model's thought (a ``<think>`` part), split out of the content as vLLM does.
+    reasoning_content: str | None = _unless_set()
 
 
 class ChatTopLogprob(BaseModel):
@@ -125,7 +128,7 @@ class ChatCompletionChoice(BaseModel):
     finish_reason: OpenAIFinishReason | None = None
     logprobs: ChatLogprobs | None = None
     #: With vLLM's ``return_token_ids``: the generated token ids.
-    token_ids: list[int] | None = _token_ids()
+    token_ids: list[int] | None = _unless_set()
 
 
 class ChatCompletionResponse(_Answer):
@@ -135,9 +138,9 @@ class ChatCompletionResponse(_Answer):
     choices: list[ChatCompletionChoice]
     usage: Usage
     #: With vLLM's ``return_token_ids``: the prompt's token ids (the rendered chat).
-    prompt_token_ids: list[int] | None = _token_ids()
+    prompt_token_ids: list[int] | None = _unless_set()
     #: With vLLM's ``prompt_logprobs``: as a completion choice's.
-    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _token_ids()
+    prompt_logprobs: list[dict[str, PromptLogprob] | None] | None = _unless_set()
 
 
 class ChatDelta(BaseModel):
@@ -158,7 +161,7 @@ class ChatCompletionChunkChoice(BaseModel):
     finish_reason: OpenAIFinishReason | None = None
     logprobs: ChatLogprobs | None = None
     #: With vLLM's ``return_token_ids``: this chunk's generated token ids.
-    token_ids: list[int] | None = _token_ids()
+    token_ids: list[int] | None = _unless_set()
 
 
 class ChatCompletionChunk(_Answer):
@@ -168,7 +171,7 @@ class ChatCompletionChunk(_Answer):
     choices: list[ChatCompletionChunkChoice]
     usage: Usage | None = None
     #: With vLLM's ``return_token_ids``: the prompt's token ids, on the first chunk.
-    prompt_token_ids: list[int] | None = _token_ids()
+    prompt_token_ids: list[int] | None = _unless_set()
 
 
 class ModelCard(BaseModel):

@@ -1,10 +1,13 @@
 """The chat completions shape of an answer: its stream chunks' choices and its whole
 answer's, with OpenAI's chat logprobs; with tools, calls read out of the text (streamed as
-OpenAI streams them)."""
+OpenAI streams them); with a thinking model, the thought split out as ``reasoning_content``."""
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
+
+from pydantic import BaseModel
 
 from protocol.generation import TokenLogprob, TopLogprob
 from protocol.openai_api import (
@@ -18,6 +21,7 @@ from protocol.openai_api import (
 )
 from server.common.answers import AnswerShape
 from server.common.backend import TextDelta
+from server.common.reasoning import ReasoningStream, split_reasoning
 from server.common.service import ChoiceResult
 from server.common.tool_call_stream import CallDelta, ToolCallStream
 from server.common.tool_calls import parse_tool_calls
@@ -160,3 +164,51 @@ def _call_delta(call: CallDelta) -> dict[str, Any]:
         "type": "function",
         "function": {"name": call.name, **function},
     }
+
+
+def with_reasoning(shape: AnswerShape, *, is_thinking: bool, is_included: bool) -> AnswerShape:
+    """``shape`` with each answer's ``<think>`` part split out into the message's (or the
+    delta's) ``reasoning_content`` (:mod:`server.common.reasoning`); ``is_thinking``: the
+    prompt left a thought open. The content (tool calls included) is read from the rest.
+    ``is_included`` false (vLLM's ``include_reasoning: false``) drops the reasoning."""
+    streams: dict[int, ReasoningStream] = {}
+
+    def chunk_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
+        stream = streams.setdefault(delta.index, ReasoningStream(is_thinking=is_thinking))
+        part = stream.feed(delta.text)
+        if delta.finish_reason is not None:
+            end = stream.finish()
+            part.reasoning += end.reasoning
+            part.content += end.content
+            del streams[delta.index]
+        choice = shape.chunk_choice(dataclasses.replace(delta, text=part.content), is_opening)
+        if not part.reasoning or not is_included:
+            return choice
+        if choice is None:
+            role = "assistant" if is_opening else None
+            choice = {
+                "index": delta.index,
+                "delta": {"role": role, "content": None},
+                "finish_reason": None,
+                "logprobs": None,
+            }
+        elif choice["delta"].get("content") == "":
+            choice["delta"]["content"] = None
+        choice["delta"]["reasoning_content"] = part.reasoning
+        return choice
+
+    def response_choice(result: ChoiceResult) -> BaseModel:
+        reasoning, content = split_reasoning(result.text, is_thinking=is_thinking)
+        answer = shape.response_choice(dataclasses.replace(result, text_parts=[content or ""]))
+        message = answer.message.model_copy(  # type: ignore[attr-defined]
+            update={
+                "reasoning_content": reasoning if is_included else None,
+                "content": answer.message.content or None,  # type: ignore[attr-defined]
+            }
+        )
+        return answer.model_copy(update={"message": message})
+
+    # A stream another server took over would restart the split mid-answer: not resumable.
+    return dataclasses.replace(
+        shape, chunk_choice=chunk_choice, response_choice=response_choice, is_resumable=False
+    )

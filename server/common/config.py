@@ -14,6 +14,7 @@ from typing import Annotated, ClassVar, Literal, Self
 
 from pydantic import Field, PrivateAttr
 
+from server.common.reasoning import ReasoningParserName
 from utils.config import ConfigError, ConfigSection, load_config
 from utils.connection_limits import ConnectionLimits
 
@@ -46,6 +47,8 @@ class ServingSettings:
     connection_limits: ConnectionLimits = field(default_factory=ConnectionLimits)
     #: What an OpenAI body's undeclared fields get (``server.common.field_policy``).
     unknown_fields: UnknownFieldsPolicy = "reject"
+    #: Whether chat answers get their ``<think>`` part split out (``server.common.reasoning``).
+    reasoning_parser: ReasoningParserName = "auto"
 
 
 class ServingSection(ConnectionLimits, ConfigSection):
@@ -75,12 +78,20 @@ class ServingConfig(ServingSection):
         "X-Unknown-Fields response header name it)",
     )
 
+    reasoning_parser: ReasoningParserName = Field(
+        default="auto",
+        description="chat answers' <think> part as 'reasoning_content': auto (when the "
+        "model's chat template writes <think>: Qwen3, DeepSeek-R1, QwQ), think (always) or "
+        "none (the thought stays in the content)",
+    )
+
     def settings(self, model_id: str) -> ServingSettings:
         """The HTTP layer's settings for a server answering as ``model_id``."""
         return ServingSettings(
             served_model_names=[model_id],
             default_max_new_tokens=self.default_max_new_tokens,
             unknown_fields=self.unknown_fields,
+            reasoning_parser=self.reasoning_parser,
             request_timeout_seconds=self.request_timeout_seconds,
             max_request_bytes=self.max_request_bytes,
             connection_limits=self.connection_limits,

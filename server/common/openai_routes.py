@@ -17,9 +17,10 @@ from protocol.openai_api import (
 )
 from protocol.structured_outputs import StructuredOutputs
 from server.common.answers import AnswerShape, answer_job
-from server.common.chat_shape import CHAT, chat_with_tools
+from server.common.chat_shape import CHAT, chat_with_tools, with_reasoning
 from server.common.completion_shape import Echo, EchoedPrompt, completion_shape
 from server.common.field_policy import check_unknown_fields, mark_dropped
+from server.common.reasoning import is_thinking_at_start
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, new_response_id
 from server.common.tool_calls import calls_grammar
@@ -69,7 +70,8 @@ def _completion_job(
 
 def _chat_job(
     service: GenerationService, body: ChatCompletionRequest, record: RequestRecord
-) -> Job:
+) -> tuple[Job, str]:
+    """The job of a chat request, and its rendered prompt ("" for a resumed stream)."""
     service.check_model(body.model)
     config = _generation_config(body)
     tools = body.active_tools
@@ -88,17 +90,17 @@ def _chat_job(
         grammar = calls_grammar(tools, forced or None, is_parallel=is_parallel)
         config.structured_outputs = StructuredOutputs(grammar=grammar)
     if body.resume is not None:
-        return service.make_resumed_job(body.resume, config, record)
+        return service.make_resumed_job(body.resume, config, record), ""
     prompt = service.prompts.render_chat(
         body.messages,
         add_generation_prompt=body.add_generation_prompt,
         continue_final_message=body.continue_final_message,
-        template_kwargs=body.chat_template_kwargs,
+        template_kwargs=body.template_kwargs,
         tools=tools,
     )
     token_ids = service.prompts.encode(prompt, is_chat=True)
     token_ids = service.prompts.truncate(token_ids, body.truncate_prompt_tokens)
-    return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record)
+    return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record), prompt
 
 
 async def _answer(
@@ -150,10 +152,13 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         body = await parse_body(request, ChatCompletionRequest, service.settings.max_request_bytes)
         policy = service.settings.unknown_fields
         dropped = check_unknown_fields(body, policy, "/v1/chat/completions")
-        job = _chat_job(service, body, request_record(request))
+        job, prompt = _chat_job(service, body, request_record(request))
         shape = CHAT
         if body.active_tools:
             shape = chat_with_tools(is_parallel=body.parallel_tool_calls is not False)
+        if service.is_reasoning_split:
+            thinking = is_thinking_at_start(prompt)
+            shape = with_reasoning(shape, is_thinking=thinking, is_included=body.include_reasoning)
         if body.return_token_ids:
             shape = with_token_ids(shape, job, is_chat=True)
         if body.prompt_logprobs is not None:

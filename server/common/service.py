@@ -23,6 +23,7 @@ from server.common.bad_words import bad_words_token_ids
 from server.common.config import ServingSettings as ServingSettings
 from server.common.metrics import ServerMetrics
 from server.common.prompting import PromptProcessor
+from server.common.reasoning import is_splitting
 from server.common.request_context import RequestRecord
 from server.common.structured_output import (
     GrammarCompiler,
@@ -133,6 +134,8 @@ class GenerationService:
         self.prompts = PromptProcessor(
             backend.tokenizer, backend.max_model_len, settings.default_max_new_tokens
         )
+        #: True when chat answers get their ``<think>`` part split out (``reasoning``).
+        self.is_reasoning_split = is_splitting(settings.reasoning_parser, backend.tokenizer)
         #: Structured output's grammars, compiled once per schema; built here, while the app
         #: is built (it walks the vocabulary once: about 0.3 s for 49k tokens), not in a request.
         self.grammars: GrammarCompiler | None = None

@@ -22,7 +22,6 @@ from tests.support.default_model import MODEL_ID, engine_config
 #: vLLM's request fields the engine does not honour yet (issue #34): each must be refused by
 #: name rather than dropped. (A field honoured later moves out of this list.)
 VLLM_FIELDS: dict[str, Any] = {
-    "reasoning_effort": "low",
     "spaces_between_special_tokens": False,
     "cache_salt": "abc",
     "vllm_xargs": {"a": 1},
