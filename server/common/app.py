@@ -25,6 +25,8 @@ from server.common.metrics import BaseMetrics, RequestCounter, ServerMetrics
 from server.common.native_routes import build_native_router
 from server.common.openai_routes import build_openai_router
 from server.common.request_context import RequestContextMiddleware
+from server.common.responses_routes import build_responses_router
+from server.common.responses_store import ResponseStore
 from server.common.service import GenerationService
 from server.common.tokenize_routes import build_tokenize_router
 from utils.connection_limits import ConnectionLimits, set_limits
@@ -109,6 +111,7 @@ def create_server_app(
         routers=[
             build_native_router(service),
             build_openai_router(service),
+            build_responses_router(service, ResponseStore(settings.max_stored_responses)),
             build_tokenize_router(service),
         ],
         documented=[

@@ -15,6 +15,7 @@ from typing import Annotated, ClassVar, Literal, Self
 from pydantic import Field, PrivateAttr
 
 from server.common.reasoning import ReasoningParserName
+from server.common.responses_store import DEFAULT_MAX_STORED_RESPONSES
 from utils.config import ConfigError, ConfigSection, load_config
 from utils.connection_limits import ConnectionLimits
 
@@ -49,6 +50,8 @@ class ServingSettings:
     unknown_fields: UnknownFieldsPolicy = "reject"
     #: Whether chat answers get their ``<think>`` part split out (``server.common.reasoning``).
     reasoning_parser: ReasoningParserName = "auto"
+    #: Responses API answers kept for ``previous_response_id`` (``responses_store``).
+    max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES
 
 
 class ServingSection(ConnectionLimits, ConfigSection):
@@ -85,6 +88,13 @@ class ServingConfig(ServingSection):
         "none (the thought stays in the content)",
     )
 
+    max_stored_responses: int = Field(
+        default=DEFAULT_MAX_STORED_RESPONSES,
+        ge=0,
+        description="Responses API answers kept in memory for previous_response_id and "
+        "GET /v1/responses/{id} (the oldest forgotten first)",
+    )
+
     def settings(self, model_id: str) -> ServingSettings:
         """The HTTP layer's settings for a server answering as ``model_id``."""
         return ServingSettings(
@@ -92,6 +102,7 @@ class ServingConfig(ServingSection):
             default_max_new_tokens=self.default_max_new_tokens,
             unknown_fields=self.unknown_fields,
             reasoning_parser=self.reasoning_parser,
+            max_stored_responses=self.max_stored_responses,
             request_timeout_seconds=self.request_timeout_seconds,
             max_request_bytes=self.max_request_bytes,
             connection_limits=self.connection_limits,

@@ -68,7 +68,7 @@ def _completion_job(
     return job, Echo(echoed, job.num_choices_per_sequence, is_prompt_only=body.is_echo_only)
 
 
-def _chat_job(
+def chat_job(
     service: GenerationService, body: ChatCompletionRequest, record: RequestRecord
 ) -> tuple[Job, str]:
     """The job of a chat request, and its rendered prompt ("" for a resumed stream)."""
@@ -152,7 +152,7 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         body = await parse_body(request, ChatCompletionRequest, service.settings.max_request_bytes)
         policy = service.settings.unknown_fields
         dropped = check_unknown_fields(body, policy, "/v1/chat/completions")
-        job, prompt = _chat_job(service, body, request_record(request))
+        job, prompt = chat_job(service, body, request_record(request))
         shape = CHAT
         if body.active_tools:
             shape = chat_with_tools(is_parallel=body.parallel_tool_calls is not False)
