@@ -39,6 +39,8 @@ from protocol.structured_outputs import StructuredOutputs
 #: vLLM's older names of ``structured_outputs``' constraints: ``guided_<name>`` is
 #: ``structured_outputs: {<name>: ...}``.
 GUIDED_FIELDS = ("json", "regex", "choice", "grammar")
+#: The ``guided_decoding_backend`` values this server takes: its grammar library is llguidance.
+GRAMMAR_BACKENDS = ("auto", "guidance", "llguidance")
 
 #: The bound of the completions ``logprobs`` (alternatives per token): vLLM's 20, where
 #: OpenAI's legacy API stops at 5.
@@ -140,6 +142,15 @@ class _SamplingFields(BaseModel):
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
     guided_grammar: str | None = None
+    #: vLLM's top-level structural tag (``structured_outputs.structural_tag``'s older name).
+    structural_tag: str | None = None
+    #: vLLM's choice of grammar library: this server's is llguidance (``auto`` takes it).
+    guided_decoding_backend: str | None = None
+    #: vLLM's: True is how special tokens are shown here; False is refused.
+    spaces_between_special_tokens: bool = True
+    #: vLLM's: add the tokenizer's special tokens (BOS) when encoding the prompt; None: yes
+    #: for completions, no for chat (the template writes them).
+    add_special_tokens: bool | None = None
     #: vLLM's: answer with the prompt's and the output's token ids beside the text.
     return_token_ids: bool = False
     #: vLLM's: each prompt token's logprob (after the first) and this many alternatives.
@@ -153,6 +164,16 @@ class _SamplingFields(BaseModel):
     @classmethod
     def _parse_logit_bias(cls, value: Any) -> Any:
         return None if value is None else parse_logit_bias(value)
+
+    @field_validator("guided_decoding_backend")
+    @classmethod
+    def _llguidance_only(cls, value: str | None) -> str | None:
+        if value not in (None, *GRAMMAR_BACKENDS):
+            raise ValueError(
+                f"'guided_decoding_backend' {value!r} is not available: this server's grammar "
+                "library is llguidance ('auto', 'guidance' or 'llguidance')"
+            )
+        return value
 
     @property
     def unknown_fields(self) -> list[str]:
@@ -174,12 +195,20 @@ class _SamplingFields(BaseModel):
 
     def _fold_guided_fields(self) -> None:
         """Turn a ``guided_*`` field into ``structured_outputs``; refuse two constraints."""
+        if not self.spaces_between_special_tokens:
+            raise ValueError(
+                "'spaces_between_special_tokens': false is not supported (special tokens are "
+                "shown as the tokenizer decodes them)"
+            )
         guided = {
             name: getattr(self, f"guided_{name}")
             for name in GUIDED_FIELDS
             if getattr(self, f"guided_{name}") is not None
         }
         given = [f"guided_{name}" for name in guided]
+        if self.structural_tag is not None:
+            given.append("structural_tag")
+            guided["structural_tag"] = self.structural_tag
         if self.structured_outputs is not None:
             given.insert(0, "structured_outputs")
         if self.response_format is not None and self.response_format.type != "text":
@@ -195,7 +224,8 @@ class _SamplingFields(BaseModel):
                 self.structured_outputs = StructuredOutputs.model_validate({name: value})
             except ValidationError as exc:
                 reason = "; ".join(error["msg"] for error in exc.errors())
-                raise ValueError(f"'guided_{name}': {reason}") from None
+                field = name if name == "structural_tag" else f"guided_{name}"
+                raise ValueError(f"'{field}': {reason}") from None
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
@@ -379,6 +409,8 @@ class ChatCompletionRequest(_SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
+    #: vLLM's: documents for a template that does retrieval-augmented generation.
+    documents: list[dict[str, str]] | None = None
     #: OpenAI's: how hard a reasoning model thinks; given to the chat template as
     #: ``reasoning_effort`` (templates that read it, gpt-oss's say, act on it).
     reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
@@ -387,11 +419,16 @@ class ChatCompletionRequest(_SamplingFields):
 
     @property
     def template_kwargs(self) -> dict[str, Any] | None:
-        """What the chat template is given beside the messages: ``chat_template_kwargs`` and
-        ``reasoning_effort``."""
-        if self.reasoning_effort is None:
+        """What the chat template is given beside the messages: ``chat_template_kwargs``,
+        ``reasoning_effort`` and ``documents``."""
+        extra: dict[str, Any] = {}
+        if self.reasoning_effort is not None:
+            extra["reasoning_effort"] = self.reasoning_effort
+        if self.documents is not None:
+            extra["documents"] = self.documents
+        if not extra:
             return self.chat_template_kwargs
-        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
+        return {**extra, **(self.chat_template_kwargs or {})}
 
     @model_validator(mode="after")
     def _check_chat_fields(self) -> ChatCompletionRequest:

@@ -28,7 +28,7 @@ def _native_job(service: GenerationService, body: GenerateRequest, record: Reque
         return service.make_resumed_job(body.resume, body.generation_config, record)
     if body.messages is not None:
         prompt = service.prompts.render_chat(body.messages)
-        token_ids = service.prompts.encode(prompt, is_chat=True)
+        token_ids = service.prompts.encode(prompt, add_special_tokens=False)
     else:
         token_ids = service.prompts.encode(body.prompt or "")
     return service.make_job(new_response_id("gen"), [token_ids], body.generation_config, record)

@@ -46,7 +46,9 @@ def _completion_job(
         return service.make_resumed_job(body.resume, config, record), None
     texts = body.prompts()
     prompts = [
-        service.prompts.check_token_ids(p) if isinstance(p, list) else service.prompts.encode(p)
+        service.prompts.check_token_ids(p)
+        if isinstance(p, list)
+        else service.prompts.encode(p, add_special_tokens=body.add_special_tokens is not False)
         for p in texts
     ]
     if body.truncate_prompt_tokens is not None:
@@ -98,7 +100,7 @@ def chat_job(
         template_kwargs=body.template_kwargs,
         tools=tools,
     )
-    token_ids = service.prompts.encode(prompt, is_chat=True)
+    token_ids = service.prompts.encode(prompt, add_special_tokens=bool(body.add_special_tokens))
     token_ids = service.prompts.truncate(token_ids, body.truncate_prompt_tokens)
     return service.make_job(new_response_id("chatcmpl"), [token_ids], config, record), prompt
 

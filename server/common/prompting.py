@@ -53,9 +53,10 @@ class PromptProcessor:
         except ChatTemplateError as exc:
             raise APIError(400, str(exc), param="messages" if exc.is_missing else None) from exc
 
-    def encode(self, prompt: str, *, is_chat: bool = False) -> list[int]:
-        """Tokenize ``prompt``; a rendered chat prompt already holds its special tokens."""
-        return list(self.tokenizer.encode(prompt, add_special_tokens=not is_chat))
+    def encode(self, prompt: str, *, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize ``prompt``, with the tokenizer's special tokens (BOS) unless told not to:
+        a rendered chat prompt already holds its own."""
+        return list(self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens))
 
     def truncate(self, token_ids: list[int], keep: int | None) -> list[int]:
         """vLLM's ``truncate_prompt_tokens``: the last ``keep`` ids (-1: the last

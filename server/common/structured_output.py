@@ -85,7 +85,8 @@ def _lark_structural_tag(text: str) -> str:
         )
         for structure in tag.structures
     ]
-    return llguidance.StructTag.to_grammar(tags)
+    # Triggers are matched as text: they need not be special tokens of the tokenizer.
+    return llguidance.StructTag.to_grammar(tags, assume_special=False)
 
 
 def compile_grammar(kind: str, text: str) -> str:
