@@ -9,7 +9,8 @@ One "step" is one :func:`server.continuous_batching.sampling.draws.sample` call 
 vocab]`` float32 logits (what the engine's decoder asks of the sampler once per step), for every
 row alike: greedy without knobs (the fast path, one argmax), greedy with each knob
 (``logit_bias`` of 10 tokens, presence + frequency penalties over ``--generated`` generated
-tokens), greedy with all of them, sampling (temperature 0.8, top-p 0.95) without and with
+tokens), ``allowed_token_ids`` of 64 tokens, ``bad_words`` (10 words of one and two tokens),
+greedy with all of them, sampling (temperature 0.8, top-p 0.95) without and with
 ``min_p``, and sampling with every knob. Configurations alternate step by step, so machine noise
 hits them alike; the median and the minimum of each are printed, in milliseconds.
 """
@@ -41,6 +42,12 @@ def _rows(kind: str, batch: int, vocab: int, generated: int) -> list[RowParams]:
             knobs.update(presence_penalty=0.5, frequency_penalty=0.5)
         if kind in ("sampled+min_p", "sampled+all"):
             knobs["min_p"] = 0.05
+        if kind == "allowed":
+            knobs["allowed_token_ids"] = tokens[:64]
+        if kind == "bad_words":  # 10 words: 5 of one token, 5 of two (one of them matching)
+            knobs["bad_words_ids"] = [[t] for t in tokens[:5]] + [
+                [tokens[-1], tokens[j]] for j in range(5)
+            ]
         if kind.startswith("sampled"):
             knobs.update(is_greedy=False, temperature=0.8, top_p=0.95)
         rows.append(
@@ -54,6 +61,8 @@ KINDS = [
     "bias",
     "penalties",
     "greedy+all",
+    "allowed",
+    "bad_words",
     "sampled",
     "sampled+min_p",
     "sampled+all",

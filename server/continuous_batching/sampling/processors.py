@@ -94,17 +94,22 @@ def _add_logit_bias(scores: torch.Tensor, rows: list[RowParams]) -> None:
 
 
 def _keep_allowed(scores: torch.Tensor, rows: list[RowParams]) -> None:
-    """vLLM's ``allowed_token_ids``: every other token of such a row scores -inf (in place)."""
+    """vLLM's ``allowed_token_ids``: every other token of such a row scores -inf (in place).
+    The allowed scores are read out, the rows filled with -inf, and the scores written back:
+    one pass over each limited row rather than a whole-vocabulary mask."""
     limited = [i for i, row in enumerate(rows) if row.allowed_token_ids is not None]
     if not limited:
         return
     device = scores.device
-    keep = torch.zeros(len(limited), scores.shape[-1], dtype=torch.bool, device=device)
-    row_index = [j for j, i in enumerate(limited) for _ in rows[i].allowed_token_ids or []]
-    token_index = [t for i in limited for t in rows[i].allowed_token_ids or []]
-    keep[index_tensor(row_index, device), index_tensor(token_index, device)] = True
-    index = index_tensor(limited, device)
-    scores[index] = scores[index].masked_fill(~keep, float("-inf"))
+    allowed = [rows[i].allowed_token_ids or [] for i in limited]
+    width = max(len(ids) for ids in allowed)
+    # Padded with each row's own first id: writing it back twice writes the same value.
+    padded = [ids + ids[:1] * (width - len(ids)) for ids in allowed]
+    token_index = to_device([t for ids in padded for t in ids], torch.long, device)
+    row_index = index_tensor([i for i in limited for _ in range(width)], device)
+    kept = scores[row_index, token_index]
+    scores.index_fill_(0, index_tensor(limited, device), float("-inf"))
+    scores[row_index, token_index] = kept
 
 
 def apply_processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
