@@ -23,8 +23,8 @@ from server.common.answers import AnswerShape
 from server.common.backend import TextDelta
 from server.common.reasoning import ReasoningStream, split_reasoning
 from server.common.service import ChoiceResult
-from server.common.tool_call_stream import CallDelta, ToolCallStream
-from server.common.tool_calls import parse_tool_calls
+from server.common.tool_call_stream import CallDelta
+from server.common.tool_syntax import ToolSyntax
 
 
 def _chat_top(entry: TopLogprob | TokenLogprob) -> dict[str, Any]:
@@ -95,24 +95,26 @@ CHAT = AnswerShape(
 )
 
 
-def chat_with_tools(*, is_parallel: bool = True) -> AnswerShape:
+def chat_with_tools(syntax: ToolSyntax, *, is_parallel: bool = True) -> AnswerShape:
     """The chat shape when the model may call tools: a stream sends content as it comes and
     each ``<tool_call>`` as a call opened (index, id, name) then argument fragments, as OpenAI
     streams them (:class:`~server.common.tool_call_stream.ToolCallStream`); the last event of
     a choice that called says ``finish_reason: "tool_calls"``. A whole answer reads the calls
     out of the text. ``is_parallel`` false (``parallel_tool_calls: false``): one call at most.
-    A step's logprobs ride on the next event that shows the choice."""
-    streams: dict[int, ToolCallStream] = {}
+    A step's logprobs ride on the next event that shows the choice. ``syntax``: how the model
+    writes calls (Hermes blocks stream as above; the others' calls come whole at the end)."""
+    streams: dict[int, Any] = {}
     entries: dict[int, list[TokenLogprob]] = {}
 
     def chunk_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:
-        stream = streams.setdefault(delta.index, ToolCallStream(is_parallel=is_parallel))
+        stream = streams.setdefault(delta.index, syntax.stream(is_parallel=is_parallel))
         part = stream.feed(delta.text)
         if delta.logprobs is not None:
             entries.setdefault(delta.index, []).extend(delta.logprobs)
         if delta.finish_reason is not None:
             end = stream.finish()
             part.content += end.content
+            part.calls += end.calls
             del streams[delta.index]
         elif not part.content and not part.calls:
             return None  # nothing to show yet (text held back, the rest of a call)
@@ -131,7 +133,7 @@ def chat_with_tools(*, is_parallel: bool = True) -> AnswerShape:
         }
 
     def response_choice(result: ChoiceResult) -> ChatCompletionChoice:
-        content, calls = parse_tool_calls(result.text, is_parallel=is_parallel)
+        content, calls = syntax.parse(result.text, is_parallel=is_parallel)
         tool_calls = [
             ToolCall(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments))
             for c in calls

@@ -16,6 +16,7 @@ from pydantic import Field, PrivateAttr
 
 from server.common.reasoning import ReasoningParserName
 from server.common.responses_store import DEFAULT_MAX_STORED_RESPONSES
+from server.common.tool_syntax import ToolCallParserName
 from utils.config import ConfigError, ConfigSection, load_config
 from utils.connection_limits import ConnectionLimits
 
@@ -50,6 +51,8 @@ class ServingSettings:
     unknown_fields: UnknownFieldsPolicy = "reject"
     #: Whether chat answers get their ``<think>`` part split out (``server.common.reasoning``).
     reasoning_parser: ReasoningParserName = "auto"
+    #: How the model writes tool calls (``server.common.tool_syntax``).
+    tool_call_parser: ToolCallParserName = "auto"
     #: Responses API answers kept for ``previous_response_id`` (``responses_store``).
     max_stored_responses: int = DEFAULT_MAX_STORED_RESPONSES
 
@@ -88,6 +91,12 @@ class ServingConfig(ServingSection):
         "none (the thought stays in the content)",
     )
 
+    tool_call_parser: ToolCallParserName = Field(
+        default="auto",
+        description="how the model writes tool calls: hermes (<tool_call> blocks; Qwen, "
+        "Hermes, and the fallback prompt), llama3_json (Llama 3.x's JSON calls), mistral "
+        "([TOOL_CALLS] and a list), or auto (read from the chat template, else hermes)",
+    )
     max_stored_responses: int = Field(
         default=DEFAULT_MAX_STORED_RESPONSES,
         ge=0,
@@ -102,6 +111,7 @@ class ServingConfig(ServingSection):
             default_max_new_tokens=self.default_max_new_tokens,
             unknown_fields=self.unknown_fields,
             reasoning_parser=self.reasoning_parser,
+            tool_call_parser=self.tool_call_parser,
             max_stored_responses=self.max_stored_responses,
             request_timeout_seconds=self.request_timeout_seconds,
             max_request_bytes=self.max_request_bytes,

@@ -23,7 +23,6 @@ from server.common.field_policy import check_unknown_fields, mark_dropped
 from server.common.reasoning import is_thinking_at_start
 from server.common.request_context import RequestRecord, parse_body, request_record
 from server.common.service import GenerationService, Job, new_response_id
-from server.common.tool_calls import calls_grammar
 from server.common.vllm_answer_fields import with_prompt_logprobs, with_token_ids
 from utils.errors import APIError, validation_api_error
 from utils.openapi import json_body
@@ -89,8 +88,10 @@ def chat_job(
             )
         # A named function is called once (as OpenAI and vLLM do); required, once or more.
         is_parallel = not forced and body.parallel_tool_calls is not False
-        grammar = calls_grammar(tools, forced or None, is_parallel=is_parallel)
+        grammar = service.tool_syntax.grammar(tools, forced or None, is_parallel=is_parallel)
         config.structured_outputs = StructuredOutputs(grammar=grammar)
+    if tools and service.tool_syntax.is_special_kept:
+        config.skip_special_tokens = False  # the calls' marker is a special token
     if body.resume is not None:
         return service.make_resumed_job(body.resume, config, record), ""
     prompt = service.prompts.render_chat(
@@ -157,7 +158,8 @@ def build_openai_router(service: GenerationService) -> APIRouter:
         job, prompt = chat_job(service, body, request_record(request))
         shape = CHAT
         if body.active_tools:
-            shape = chat_with_tools(is_parallel=body.parallel_tool_calls is not False)
+            is_parallel = body.parallel_tool_calls is not False
+            shape = chat_with_tools(service.tool_syntax, is_parallel=is_parallel)
         if service.is_reasoning_split:
             thinking = is_thinking_at_start(prompt)
             shape = with_reasoning(shape, is_thinking=thinking, is_included=body.include_reasoning)

@@ -30,7 +30,6 @@ from server.common.reasoning import ReasoningStream, is_thinking_at_start
 from server.common.request_context import parse_body, request_record
 from server.common.responses_store import ResponseStore, StoredResponse
 from server.common.service import GenerationService, Job
-from server.common.tool_call_stream import ToolCallStream
 from utils.errors import APIError
 from utils.http import prime, run_unless_disconnected, sse_response
 from utils.openapi import json_body
@@ -75,7 +74,7 @@ class OutputBuilder:
     """Reads an answer's text, piece by piece, into output items."""
 
     reasoning: ReasoningStream | None
-    tools: ToolCallStream | None
+    tools: Any
     items: list[OutputItem] = field(default_factory=list)
 
     def feed(self, text: str, *, is_last: bool) -> list[tuple[OutputItem, str, bool]]:
@@ -151,7 +150,7 @@ class ResponsesApi:
             ReasoningStream(is_thinking=is_thinking_at_start(prompt))
             if self.service.is_reasoning_split
             else None,
-            ToolCallStream(is_parallel=body.parallel_tool_calls is not False)
+            self.service.tool_syntax.stream(is_parallel=body.parallel_tool_calls is not False)
             if chat.active_tools
             else None,
         )

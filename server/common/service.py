@@ -31,6 +31,7 @@ from server.common.structured_output import (
     GrammarMatcher,
     OutputConstraint,
 )
+from server.common.tool_syntax import syntax_for
 from utils.errors import APIError
 
 logger = logging.getLogger(__name__)
@@ -136,6 +137,10 @@ class GenerationService:
         )
         #: True when chat answers get their ``<think>`` part split out (``reasoning``).
         self.is_reasoning_split = is_splitting(settings.reasoning_parser, backend.tokenizer)
+        #: How this model writes tool calls (``tool_syntax``).
+        self.tool_syntax = syntax_for(
+            settings.tool_call_parser, getattr(backend.tokenizer, "chat_template", None)
+        )
         #: Structured output's grammars, compiled once per schema; built here, while the app
         #: is built (it walks the vocabulary once: about 0.3 s for 49k tokens), not in a request.
         self.grammars: GrammarCompiler | None = None

@@ -20,7 +20,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Literal
 
-from server.common.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, _call_of
+from server.common.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, call_of_text
 
 #: The start of a block whose name comes first: ``{"name": "<json string>", "arguments":``.
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -138,7 +138,7 @@ class ToolCallStream:
         end = self._block.find(TOOL_CALL_CLOSE)
         if end < 0:
             return  # not a name-first block (yet): read it whole once it closes
-        whole = _call_of(self._block[:end].strip())
+        whole = call_of_text(self._block[:end].strip())
         if whole is None:
             self._add_content(part, TOOL_CALL_OPEN + self._block[: end + len(TOOL_CALL_CLOSE)])
         else:

@@ -117,9 +117,12 @@ def _arguments_object(arguments: object) -> object:
     return arguments if arguments is not None else {}
 
 
-def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
+def call_schema(
+    tools: list[dict[str, Any]], name: str | None = None, *, arguments_key: str = "arguments"
+) -> dict[str, Any]:
     """The JSON schema of one call to ``name`` (None: to any of ``tools``): what
-    ``tool_choice: required`` or a named function constrains the output to."""
+    ``tool_choice: required`` or a named function constrains the output to (the arguments
+    under ``arguments_key``: Llama 3 writes ``parameters``)."""
     options = []
     for tool in tools:
         function = function_of(tool)
@@ -129,8 +132,8 @@ def call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[st
         options.append(
             {
                 "type": "object",
-                "properties": {"name": {"const": function.get("name")}, "arguments": parameters},
-                "required": ["name", "arguments"],
+                "properties": {"name": {"const": function.get("name")}, arguments_key: parameters},
+                "required": ["name", arguments_key],
                 "additionalProperties": False,
             }
         )
@@ -163,7 +166,7 @@ def parse_tool_calls(text: str, *, is_parallel: bool = True) -> tuple[str | None
     kept: list[str] = []
     last = 0
     for match in _TOOL_CALL.finditer(text):
-        call = _call_of(match.group(1))
+        call = call_of_text(match.group(1))
         if call is None:
             continue
         kept.append(text[last : match.start()])
@@ -175,12 +178,18 @@ def parse_tool_calls(text: str, *, is_parallel: bool = True) -> tuple[str | None
     return (content or None) if calls else text, calls
 
 
-def _call_of(text: str) -> ToolCall | None:
-    """The call a block's JSON makes (``arguments``, or Llama's ``parameters``); None if none."""
+def call_of_text(text: str) -> ToolCall | None:
+    """The call a block's JSON makes; None if none."""
     try:
         data = json.loads(text)
     except ValueError:
         return None
+    return call_from_object(data)
+
+
+def call_from_object(data: Any) -> ToolCall | None:
+    """The call a JSON object makes (``name`` and ``arguments``, or Llama's ``parameters``),
+    with an id of its own; None when it is no call."""
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
     arguments = data.get("arguments", data.get("parameters", {}))

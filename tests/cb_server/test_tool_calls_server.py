@@ -161,3 +161,31 @@ def test_the_static_batching_server_takes_tools_but_cannot_force_a_call(
     assert sb_server.http.post("/v1/chat/completions", json=body).status_code == 200
     forced = sb_server.http.post("/v1/chat/completions", json={**body, "tool_choice": "required"})
     assert forced.status_code == 400 and "continuous-batching" in forced.json()["error"]["message"]
+
+
+def test_a_server_set_to_llama3_json_calls(default_model_path: Any, cb_runner: Any) -> None:
+    """``tool_call_parser: llama3_json``: a forced answer is Llama 3's JSON calls, read back
+    into ``tool_calls`` whole and streamed (the calls whole at the end)."""
+    from server.common.app import create_server_app
+    from server.common.service import ServingSettings
+    from server.continuous_batching.async_engine import AsyncEngine
+    from server.continuous_batching.engine import LLMEngine
+    from tests.support.default_model import engine_config
+
+    engine = LLMEngine(engine_config(default_model_path, num_blocks=64), runner=cb_runner)
+    settings = ServingSettings(served_model_names=[MODEL_ID], tool_call_parser="llama3_json")
+    server = ServerThread(create_server_app(AsyncEngine(engine, MODEL_ID), settings))
+    server.start(timeout_seconds=60)
+    try:
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+        answer = _ask_with_tools(client, "required", max_tokens=96, temperature=0)
+        choice = answer.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls
+        whole = [(c.function.name, _check_call(c)) for c in choice.message.tool_calls]
+        chunks = list(
+            _ask_with_tools(client, "required", max_tokens=96, temperature=0, stream=True)
+        )
+        assert _streamed_calls(chunks) == whole
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+    finally:
+        server.stop()

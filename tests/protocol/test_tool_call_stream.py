@@ -66,3 +66,57 @@ def test_arguments_stream_before_the_block_closes() -> None:
     end = stream.feed('is"}}</tool_call>')
     assert [c.arguments for c in end.calls] == ['is"}'] and stream.num_calls == 1
     assert stream.feed("\n").content == "" and stream.finish().content == ""
+
+
+SYNTAX_TEXTS = {
+    "llama3_json": [
+        '{"name": "get_weather", "parameters": {"city": "Paris"}}; {"name": "get_time", '
+        '"parameters": {}}',
+        '<|python_tag|>{"name": "get_time", "parameters": {"tz": "CET"}}',
+        "The weather is {unknown} today.",
+        '  {"not": "a call"}',
+    ],
+    "mistral": [
+        'Let me look. [TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Oslo"}}, '
+        '{"name": "get_time", "arguments": {}}]',
+        "[TOOL_CALLS] not json",
+        "No call, only [brackets].",
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    ("syntax_name", "text"), [(n, t) for n, texts in SYNTAX_TEXTS.items() for t in texts]
+)
+def test_held_syntaxes_stream_content_then_the_whole_calls(syntax_name: str, text: str) -> None:
+    from server.common.tool_syntax import SYNTAXES
+
+    syntax = SYNTAXES[syntax_name]
+    whole_content, whole_calls = syntax.parse(text)
+    expected = [(c.name, json.loads(c.arguments)) for c in whole_calls]
+    draw = random.Random(text)
+    for _ in range(100):
+        cuts = sorted(draw.sample(range(1, len(text)), draw.randint(0, min(12, len(text) - 1))))
+        edges = [0, *cuts, len(text)]
+        stream = syntax.stream()
+        parts = [stream.feed(text[a:b]) for a, b in zip(edges, edges[1:], strict=False)]
+        parts.append(stream.finish())
+        content = "".join(p.content for p in parts)
+        calls = [(c.name, json.loads(c.arguments)) for p in parts for c in p.calls]
+        assert calls == expected and stream.num_calls == len(expected), cuts
+        shown = (content.strip() or None) if expected else content
+        assert shown == whole_content, cuts
+
+
+def test_the_syntax_is_read_from_the_chat_template() -> None:
+    from server.common.tool_syntax import syntax_for
+
+    assert syntax_for("auto", "{{ '[TOOL_CALLS]' }}").name == "mistral"
+    assert syntax_for("auto", "<tool_call>\n{{ tool_call }}").name == "hermes"
+    llama = (
+        'Respond in the format {"name": function name, "parameters": dictionary of argument name'
+    )
+    assert syntax_for("auto", llama).name == "llama3_json"
+    assert syntax_for("auto", "{{ '<|python_tag|>' }}").name == "llama3_json"
+    assert syntax_for("auto", None).name == "hermes"  # no template: the fallback prompt's
+    assert syntax_for("mistral", "<tool_call>").name == "mistral"  # the setting wins

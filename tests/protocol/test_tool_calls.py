@@ -120,3 +120,34 @@ def test_the_forced_calls_grammar_takes_calls_and_nothing_else(default_model_pat
     assert accepts(one, time) and not accepts(one, f"{weather}\n{time}")
     named = calls_grammar([WEATHER, TIME], "get_time", is_parallel=True)
     assert accepts(named, time) and not accepts(named, weather)
+
+
+@pytest.mark.parametrize("syntax_name", ["llama3_json", "mistral"])
+def test_the_other_syntaxes_force_calls_they_parse(
+    default_model_path: Path, syntax_name: str
+) -> None:
+    from server.common.structured_output import GrammarCompiler, OutputConstraint
+    from server.common.tool_syntax import SYNTAXES
+
+    syntax = SYNTAXES[syntax_name]
+    tokenizer = AutoTokenizer.from_pretrained(default_model_path)
+    compiler = GrammarCompiler(tokenizer, eos_token_ids=[tokenizer.eos_token_id])
+    if syntax_name == "llama3_json":
+        answer = (
+            '{"name":"get_weather","parameters":{"city":"Oslo"}}; '
+            '{"name":"get_time","parameters":{}}'
+        )
+    else:
+        answer = (
+            '[TOOL_CALLS][{"name":"get_weather","arguments":{"city":"Oslo"}},'
+            '{"name":"get_time","arguments":{}}]'
+        )
+    for is_parallel, is_valid in ((True, True), (False, False)):
+        grammar = syntax.grammar([WEATHER, TIME], None, is_parallel=is_parallel)
+        matcher = compiler.matcher(OutputConstraint("grammar", grammar))
+        ids = tokenizer.encode(answer, add_special_tokens=False)
+        accepted = all(matcher.accept(t) for t in ids) and matcher._matcher.is_accepting()
+        assert accepted is is_valid
+    content, calls = syntax.parse(answer)
+    assert content is None and [c.name for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0].arguments) == {"city": "Oslo"}
