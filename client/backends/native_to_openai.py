@@ -4,9 +4,9 @@ A native request with ``messages`` becomes a chat completion, one with ``prompt`
 completion; the answer (or each stream event) is turned back into the native shape. The
 presence and frequency penalties and ``logit_bias`` go as they are (the OpenAI API has them, with
 the same meaning). Requests that use what the OpenAI API lacks (beam search, top-k, typical-p,
-min-p, repetition penalty, minimum length, stop token ids, ignore-EOS, allowed token ids, vLLM's
-structured outputs, stop strings kept in the text, special tokens shown) are never sent upstream:
-the answer would silently differ from what was asked.
+min-p, repetition penalty, minimum length, stop token ids, ignore-EOS, allowed token ids, bad
+words, vLLM's structured outputs, stop strings kept in the text, special tokens shown) are never
+sent upstream: the answer would silently differ from what was asked.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ _UPSTREAM_UNSUPPORTED: dict[str, object] = {
     "stop_token_ids": [],
     "ignore_eos": False,
     "allowed_token_ids": None,
+    "bad_words": [],
     "structured_outputs": None,  # vLLM's; OpenAI has only response_format (json_schema)
     "include_stop_str_in_output": False,
     "skip_special_tokens": True,

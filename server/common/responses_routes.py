@@ -201,13 +201,18 @@ class ResponsesApi:
                 "input_tokens": num_input,
                 "input_tokens_details": {"cached_tokens": 0},
                 "output_tokens": num_output,
-                "output_tokens_details": {"reasoning_tokens": 0},
+                "output_tokens_details": {"reasoning_tokens": self._num_reasoning(builder)},
                 "total_tokens": num_input + num_output,
             },
         }
         if body.store:
             self.store.put(head["id"], StoredResponse(response, conversation + _turn(builder)))
         return response
+
+    def _num_reasoning(self, builder: OutputBuilder) -> int:
+        """The thought's tokens (its text re-encoded: the engine counts tokens, not parts)."""
+        thought = "".join(item.text for item in builder.items if item.kind == "reasoning")
+        return len(self.service.prompts.encode(thought, add_special_tokens=False)) if thought else 0
 
 
 def _dump(value: Any) -> Any:

@@ -108,3 +108,14 @@ def test_a_server_without_the_parser_keeps_the_thought_in_the_content(
         assert "reasoning_content" not in (message.model_extra or {})
     finally:
         server.stop()
+
+
+def test_the_responses_api_gives_the_thought_its_own_item(thinking: openai.OpenAI) -> None:
+    # The prompt opens a thought that this model never closes: all of it is reasoning.
+    answer = thinking.responses.create(
+        model=MODEL_ID, input=ASK[0]["content"], temperature=0, max_output_tokens=24,
+        text={"format": {"type": "json_object"}},
+    )  # fmt: skip
+    assert [item.type for item in answer.output] == ["reasoning"]
+    assert answer.output[0].content[0].text.startswith("{") and answer.output_text == ""
+    assert 0 < answer.usage.output_tokens_details.reasoning_tokens <= answer.usage.output_tokens

@@ -399,6 +399,7 @@ def test_openai_knobs_go_upstream_and_min_p_does_not() -> None:
     assert upstream_unsupported_fields(min_p) == ("generation_config.min_p",)
     vllm_only = {
         "allowed_token_ids": [1, 2],
+        "bad_words": ["x"],
         "structured_outputs": {"regex": "[a-z]+"},
         "include_stop_str_in_output": True,
         "skip_special_tokens": False,
