@@ -13,6 +13,7 @@ from client.triton.call import TritonCall
 from protocol.embeddings import EmbeddingRequest
 from protocol.generation import GenerateRequest
 from protocol.openai_api import ChatCompletionRequest, CompletionRequest
+from protocol.openai_api.responses_models import ResponsesRequest
 from protocol.tokenize import DetokenizeRequest, TokenizeRequest
 
 #: What the gateway parses of a request: the routing fields of a JSON body, a Triton call; or,
@@ -35,6 +36,7 @@ class Endpoint(StrEnum):
     GENERATE = "/generate"
     COMPLETIONS = "/v1/completions"
     CHAT = "/v1/chat/completions"
+    RESPONSES = "/v1/responses"
     EMBEDDINGS = "/v1/embeddings"
     TOKENIZE = "/tokenize"
     DETOKENIZE = "/detokenize"
@@ -53,7 +55,7 @@ class Endpoint(StrEnum):
     def has_native_form(self) -> bool:
         """False where no request can be asked as a native ``/generate`` one (the tokenizer's
         endpoints); elsewhere its parsed body says whether it can."""
-        return self not in TOKEN_ENDPOINTS
+        return self not in TOKEN_ENDPOINTS and self != Endpoint.RESPONSES
 
     @property
     def is_openai(self) -> bool:
@@ -68,7 +70,7 @@ class Endpoint(StrEnum):
 
 #: The OpenAI API's endpoints among ours.
 OPENAI_ENDPOINTS: frozenset[Endpoint] = frozenset(
-    {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.EMBEDDINGS}
+    {Endpoint.COMPLETIONS, Endpoint.CHAT, Endpoint.RESPONSES, Endpoint.EMBEDDINGS}
 )
 #: Our servers' own endpoints.
 NATIVE_ENDPOINTS: frozenset[Endpoint] = frozenset(
@@ -91,6 +93,7 @@ class EndpointSpec:
         | EmbeddingRequest
         | TokenizeRequest
         | DetokenizeRequest
+        | ResponsesRequest
     ]
     summary: str
     description: str
@@ -113,6 +116,12 @@ ENDPOINT_SPECS: dict[Endpoint, EndpointSpec] = {
         ChatCompletionRequest,
         "OpenAI-compatible chat completion",
         "Route an OpenAI chat completion request by its ``model``.",
+    ),
+    Endpoint.RESPONSES: EndpointSpec(
+        ResponsesRequest,
+        "OpenAI Responses API",
+        "Route a Responses API request by its ``model``; one that names a "
+        "``previous_response_id`` the gateway relayed goes to the server that stored it.",
     ),
     Endpoint.TOKENIZE: EndpointSpec(
         TokenizeRequest,

@@ -8,6 +8,7 @@ from client.backends.backend import Backend
 from client.backends.plan_memo import PlanMemo
 from client.balancing.policies import BalancingPolicy, LeastRecentlyUsedKey
 from client.balancing.registry import BackendRegistry
+from client.balancing.response_homes import ResponseHomes
 from client.gateway_request import GatewayRequest, route_allows
 from utils.errors import APIError, overloaded
 
@@ -30,6 +31,8 @@ class Router:
         self.policy = policy
         #: The jumper tier spreads over API keys, not over servers' load.
         self.key_policy = LeastRecentlyUsedKey()
+        #: Where each relayed Responses API answer is stored (``previous_response_id``).
+        self.response_homes = ResponseHomes()
 
     async def select(
         self,
@@ -50,6 +53,10 @@ class Router:
             candidates = self.registry.candidates(request, exclude, plans)
         if not candidates:
             raise self._no_candidate_error(plans, exclude)
+        home = self.response_homes.home_of(request)
+        pinned = [backend for backend in candidates if backend.name == home]
+        if pinned:  # the conversation is stored there (elsewhere it would be a 404)
+            return pinned[0]
         policy = self.key_policy if candidates[0].is_fallback else self.policy
         return policy.choose(candidates, request)
 

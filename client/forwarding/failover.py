@@ -101,6 +101,9 @@ class Proxy:
         )
         response = tries.response
         if response is not None:
+            is_stream = isinstance(response, StreamRelay)
+            head = response.upstream.first_chunk if is_stream else response.body
+            self.router.response_homes.learn(request, tried[-1].name, bytes(head))
             if isinstance(response, StreamRelay) and response.tracker is not None:
                 response.resumer = StreamResumer(
                     self.router, self.attempts, request, tried, response.tracker

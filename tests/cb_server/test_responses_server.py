@@ -117,3 +117,51 @@ def test_the_static_batching_server_answers_too(sb_server: ServerThread) -> None
     client = openai.OpenAI(base_url=f"{sb_server.url}/v1", api_key="x", max_retries=0)
     answer = client.responses.create(input=ASK, model=MODEL_ID, temperature=0)
     assert "Paris" in answer.output_text
+
+
+@pytest.fixture(scope="module")
+def two_servers_gateway(
+    tmp_path_factory: pytest.TempPathFactory, default_model_path: Any, cb_runner: Any
+) -> Iterator[tuple[ServerThread, list[ServerThread]]]:
+    """A gateway over two CB servers (round robin), each with its own stored answers."""
+    from harness.servers import gateway_served
+    from server.common.app import create_server_app
+    from server.common.service import ServingSettings
+    from server.continuous_batching.async_engine import AsyncEngine
+    from server.continuous_batching.engine import LLMEngine
+    from tests.support.default_model import engine_config
+
+    servers = []
+    for _ in range(2):
+        engine = LLMEngine(engine_config(default_model_path, num_blocks=64), runner=cb_runner)
+        settings = ServingSettings(served_model_names=[MODEL_ID])
+        app = create_server_app(AsyncEngine(engine, MODEL_ID), settings)
+        servers.append(ServerThread(app).start(timeout_seconds=60))
+    folder = tmp_path_factory.mktemp("responses_gateway")
+    urls = [server.url for server in servers]
+    gateways = gateway_served(
+        folder, continuous_batching_server_urls=urls, balancing_policy="round_robin"
+    )
+    yield next(gateways), servers
+    next(gateways, None)
+    for server in servers:
+        server.stop()
+
+
+def test_through_the_gateway_each_turn_goes_where_the_last_is_stored(
+    two_servers_gateway: tuple[ServerThread, list[ServerThread]],
+) -> None:
+    gateway, servers = two_servers_gateway
+    client = openai.OpenAI(base_url=f"{gateway.url}/v1", api_key="x", max_retries=0)
+    answer = _create(client, input=ASK)
+    for turn in range(4):  # round robin alone would alternate servers and lose the thread
+        stream = turn % 2 == 1
+        options = {"input": f"Say {turn}.", "previous_response_id": answer.id}
+        if stream:
+            events = list(_create(client, stream=True, **options))
+            answer = events[-1].response
+        else:
+            answer = _create(client, **options)
+        assert answer.status in ("completed", "incomplete")
+    held = [s for s in servers if s.http.get(f"/v1/responses/{answer.id}").status_code == 200]
+    assert len(held) == 1  # every turn went to the server holding the conversation
