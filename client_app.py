@@ -44,7 +44,7 @@ from client.triton.protocol import TritonGenerateRequest
 from protocol.openai_api import ModelList
 from utils.config import ConfigError
 from utils.connection_limits import ConnectionLimits, set_limits
-from utils.errors import install_error_handlers
+from utils.errors import APIError, install_error_handlers
 from utils.logging import setup_logging
 from utils.openapi import document_models, json_body
 from utils.request_id import RequestIdMiddleware
@@ -55,6 +55,22 @@ DEFAULT_CONFIG_PATH = "configs/client_config.json"
 routes = APIRouter(dependencies=[Depends(require_caller_key)])
 #: Routes open to everyone: liveness probes and metrics scrapers carry no key.
 open_routes = APIRouter()
+#: Any other POST path, for the upstreams that relay it (``relayed_paths``); included last.
+relay_routes = APIRouter(dependencies=[Depends(require_caller_key)])
+
+
+@relay_routes.post("/{relayed_path:path}", include_in_schema=False)
+async def relayed(request: Request) -> Response:
+    """A path an OpenAI-compatible upstream relays (vLLM's ``/v1/rerank`` ...), forwarded as
+    it came to one that lists it; 404 when none does."""
+    path = request.url.path
+    entries = gateway_of(request).config.openai_compatible_server_urls
+    if not any(path in entry.relayed_paths for entry in entries):
+        raise APIError(
+            404,
+            f"no route for POST {path}: no OpenAI-compatible upstream lists it in relayed_paths",
+        )
+    return await forward(request, Endpoint.RELAYED)
 
 
 def _add_forwarding_route(endpoint: Endpoint) -> None:
@@ -149,6 +165,7 @@ def build_app(config_path: str = DEFAULT_CONFIG_PATH) -> FastAPI:
     app.include_router(routes)
     app.include_router(triton_routes)
     app.include_router(open_routes)
+    app.include_router(relay_routes)
     documented: list[type[BaseModel]] = [spec.schema for spec in ENDPOINT_SPECS.values()]
     document_models(app, [*documented, TritonGenerateRequest])
     return app

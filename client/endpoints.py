@@ -40,6 +40,9 @@ class Endpoint(StrEnum):
     EMBEDDINGS = "/v1/embeddings"
     TOKENIZE = "/tokenize"
     DETOKENIZE = "/detokenize"
+    #: A path listed in an OpenAI-compatible upstream's ``relayed_paths`` (vLLM's ``/v1/rerank``,
+    #: ``/v1/score``, ``/pooling`` ...), relayed as it came; the request carries the path.
+    RELAYED = "/{relayed_path}"
     TRITON_GENERATE = "/v2/models/{model}/generate"
     TRITON_GENERATE_STREAM = "/v2/models/{model}/generate_stream"
 
@@ -47,7 +50,7 @@ class Endpoint(StrEnum):
     def api(self) -> Api:
         """The API this endpoint belongs to (``/tokenize`` and ``/detokenize``: our servers'
         own, in vLLM's shapes)."""
-        if self in OPENAI_ENDPOINTS:
+        if self in OPENAI_ENDPOINTS or self == Endpoint.RELAYED:
             return "openai"
         return "native" if self in NATIVE_ENDPOINTS else "triton"
 
@@ -55,7 +58,7 @@ class Endpoint(StrEnum):
     def has_native_form(self) -> bool:
         """False where no request can be asked as a native ``/generate`` one (the tokenizer's
         endpoints); elsewhere its parsed body says whether it can."""
-        return self not in TOKEN_ENDPOINTS and self != Endpoint.RESPONSES
+        return self not in TOKEN_ENDPOINTS and self not in (Endpoint.RESPONSES, Endpoint.RELAYED)
 
     @property
     def is_openai(self) -> bool:
@@ -79,7 +82,9 @@ NATIVE_ENDPOINTS: frozenset[Endpoint] = frozenset(
 #: The tokenizer's endpoints (no generation: no usage, never a stream).
 TOKEN_ENDPOINTS: frozenset[Endpoint] = frozenset({Endpoint.TOKENIZE, Endpoint.DETOKENIZE})
 #: The endpoints that generate text.
-GENERATION_ENDPOINTS = frozenset(Endpoint) - {Endpoint.EMBEDDINGS} - TOKEN_ENDPOINTS
+GENERATION_ENDPOINTS = (
+    frozenset(Endpoint) - {Endpoint.EMBEDDINGS, Endpoint.RELAYED} - TOKEN_ENDPOINTS
+)
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,8 @@ class GatewayRequest:
     #: Caller headers passed on to the backend (request correlation).
     headers: dict[str, str] = field(default_factory=dict)
     received_at: float = field(default_factory=time.monotonic)
+    #: The caller's path of a relayed request (``Endpoint.RELAYED``); None otherwise.
+    path: str | None = None
     #: ``backend:outcome`` of each attempt so far, for the request's log line.
     attempts: list[str] = field(default_factory=list, repr=False)
     #: A continuation of a broken stream (``protocol.resume``): the stream's tracker, which

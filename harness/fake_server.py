@@ -265,6 +265,16 @@ def build_fake_app(settings: FakeServerSettings) -> FastAPI:
 
     for path in ("/generate", "/v1/completions", "/v1/chat/completions"):
         app.add_api_route(path, answer, methods=["POST"])
+
+    @app.post("/v1/rerank")
+    async def rerank(request: Request) -> Response:
+        """vLLM's rerank, roughly: each document's index and a made-up score."""
+        body = json.loads(await request.body())
+        settings.requests.append((request.url.path, body))
+        documents = body.get("documents") or []
+        results = [{"index": i, "relevance_score": 1.0 / (i + 1)} for i in range(len(documents))]
+        return JSONResponse({"id": "rerank-1", "model": body.get("model"), "results": results})
+
     return app
 
 

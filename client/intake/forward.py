@@ -56,7 +56,8 @@ async def forward(request: Request, endpoint: Endpoint) -> Response:
     """Read the body's routing fields, then forward the body as it came.
 
     Only what the gateway routes on is read (``client.routing_fields``): every other field is
-    the backend's to judge, so what a backend can do is never refused here.
+    the backend's to judge, so what a backend can do is never refused here. A relayed request
+    (``Endpoint.RELAYED``) keeps its own path, for the upstreams that relay it.
     """
     received_at = time.monotonic()
     try:
@@ -66,7 +67,8 @@ async def forward(request: Request, endpoint: Endpoint) -> Response:
     except APIError:
         count_rejected(request, endpoint, received_at)
         raise
-    return await forward_parsed(request, endpoint, parsed, body, route, received_at)
+    path = request.url.path if endpoint == Endpoint.RELAYED else None
+    return await forward_parsed(request, endpoint, parsed, body, route, received_at, path)
 
 
 async def forward_parsed(
@@ -76,10 +78,12 @@ async def forward_parsed(
     body: bytes,
     route: Route,
     received_at: float,
+    path: str | None = None,
 ) -> Response:
     """Route an already validated request (``body`` is what our servers get)."""
     gateway_request = GatewayRequest(
         endpoint=endpoint,
+        path=path,
         parsed=parsed,
         body=body,
         route=route,

@@ -191,3 +191,22 @@ def test_only_our_servers_are_asked_to_tokenize() -> None:
         for other in backends:
             if other is not ours:
                 assert f"do not answer {path}" in (plans.plan(other).refusal or ""), other.url
+
+
+def test_paths_an_upstream_relays_reach_it_and_others_do_not(tmp_path: Path) -> None:
+    """``relayed_paths``: vLLM's /v1/rerank of an upstream is reachable through the gateway,
+    body and answer as they are; a path no backend relays is a 404 naming it."""
+    settings = FakeServerSettings(model_id="m", name="U", is_validating=False)
+    server = start_fake_server(settings)
+    entry = {"url": server.url, "relayed_paths": ["/v1/rerank"]}
+    gateway = start_gateway(tmp_path, openai_compatible_server_urls=[entry])
+    try:
+        body = {"model": "m", "query": "capital of France", "documents": ["Paris", "Rome"]}
+        answer = gateway.http.post("/v1/rerank", json=body)
+        assert answer.status_code == 200, answer.text
+        assert [r["index"] for r in answer.json()["results"]] == [0, 1]
+        assert settings.requests[-1] == ("/v1/rerank", body)
+        refused = gateway.http.post("/v1/score", json={"model": "m", "text_1": "a"})
+        assert refused.status_code == 404 and "/v1/score" in refused.text, refused.text
+    finally:
+        stop_all(gateway, server)

@@ -148,6 +148,10 @@ class OpenAICompatibleUpstream(Backend):
         """OpenAI requests as sent; native ones through the OpenAI API when it can say the
         same; nothing else."""
         noun = "OpenAI-compatible upstreams" if self.is_fallback else "OpenAI-compatible engines"
+        if request.endpoint == Endpoint.RELAYED:
+            if request.path in self.config.relayed_paths:
+                return Plan(path=request.path)
+            return Plan(refusal=f"{self.url} does not relay {request.path} (relayed_paths)")
         if request.endpoint.is_openai:
             return AS_SENT
         if request.endpoint != Endpoint.GENERATE:

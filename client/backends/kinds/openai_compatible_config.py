@@ -15,6 +15,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from client.config.schema_common import BaseURL, EnvSecret, check_base_url, is_placeholder_key
+from client.endpoints import Endpoint
+
+#: The gateway's own POST paths: a relayed path is none of them.
+_GATEWAY_PATHS = frozenset(endpoint.value for endpoint in Endpoint)
 
 #: The tiers an OpenAI-compatible upstream may be put in (see ``client.backends.backend``).
 UpstreamTier = Literal["first", "second", "fallback"]
@@ -58,6 +62,11 @@ class OpenAICompatibleConfig(BaseModel):
         default=None,
         description="GET path whose 200 means alive (vLLM and TGI: /health; default: /v1/models)",
     )
+    relayed_paths: list[str] = Field(
+        default_factory=list,
+        description="POST paths of this upstream's own the gateway relays as they come (JSON "
+        "bodies routed by their model), e.g. vLLM's /v1/rerank, /v1/score, /pooling",
+    )
     #: The OpenAI API's base (``/v1`` paths go there without their ``/v1``); the root URL's
     #: ``/v1`` unless the entry came from ``openai_jumper_configs`` with a base URL of its own.
     api_base: str = Field(default="", exclude=True, repr=False)
@@ -75,6 +84,16 @@ class OpenAICompatibleConfig(BaseModel):
     def _check_health_path(cls, value: str | None) -> str | None:
         if value is not None and not value.startswith("/"):
             raise ValueError(f"{value!r} must start with '/'")
+        return value
+
+    @field_validator("relayed_paths")
+    @classmethod
+    def _check_relayed_paths(cls, value: list[str]) -> list[str]:
+        for path in value:
+            if not path.startswith("/") or path in _GATEWAY_PATHS:
+                raise ValueError(
+                    f"{path!r} must start with '/' and not be one of the gateway's own paths"
+                )
         return value
 
     def model_post_init(self, context: object) -> None:

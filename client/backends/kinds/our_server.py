@@ -85,6 +85,8 @@ class OurServer(Backend):
         embed."""
         if request.endpoint == Endpoint.EMBEDDINGS:
             return Plan(refusal=f"{self.noun}s do not embed")
+        if request.endpoint == Endpoint.RELAYED:
+            return Plan(refusal=f"{self.noun}s answer their own endpoints only")
         return AS_SENT
 
     async def probe(self, client: httpx.AsyncClient, timeout_seconds: float) -> None:
