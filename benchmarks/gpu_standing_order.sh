@@ -46,5 +46,5 @@ step decode_attention 40 python3 -m benchmarks.bench_decode_attention --bandwidt
 step decode_attention_sweep 50 python3 -m benchmarks.bench_decode_attention --sweep \
   --contexts 200 2000 --iters 20 --bandwidth-gbs "$GBS"
 step int4 40 python3 -m benchmarks.bench_int4_gpu --shapes 8b --out "$OUT/int4_gpu.json"
-step gpu_8b 140 python3 -m benchmarks.gpu --shapes 8b --bandwidth-gbs "$GBS" --out "$OUT/gpu_8b.json"
+step gpu_8b 200 python3 -m benchmarks.gpu --shapes 8b --bandwidth-gbs "$GBS" --out "$OUT/gpu_8b.json"
 echo "== done in ${SECONDS}s" | tee -a "$LOG"

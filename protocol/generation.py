@@ -7,8 +7,6 @@ transformers means the same thing here.
 from __future__ import annotations
 
 import json
-import math
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,6 +18,7 @@ from pydantic import (
     model_validator,
 )
 
+from protocol.logit_bias import parse_logit_bias
 from protocol.resume import StreamResume
 from protocol.structured_outputs import GrammarKind, StructuredOutputs
 
@@ -41,15 +40,11 @@ MAX_BAD_WORDS = 128
 #: Below this temperature, sampling is greedy decoding (as in vLLM): dividing logits by a
 #: vanishing temperature overflows them to inf/NaN and samples garbage, or nothing.
 MIN_SAMPLING_TEMPERATURE = 1e-5
-#: OpenAI's bounds of a ``logit_bias`` value: -100 bans a token in practice, +100 forces it.
-MAX_LOGIT_BIAS = 100.0
 #: The most alternatives a token's logprobs may list (OpenAI's chat ``top_logprobs`` bound).
 MAX_TOP_LOGPROBS = 20
 #: What a logprob that is -inf (a token the processing removed) is written as: JSON has no
 #: infinity, and OpenAI and vLLM write -9999.0.
 MIN_LOGPROB = -9999.0
-#: A ``logit_bias`` key: a token id, written in decimal (JSON object keys are strings).
-_TOKEN_ID_KEY = re.compile(r"[0-9]+")
 
 #: The knobs that change a greedy argmax and that beam search does not take (see
 #: ``GenerationConfig``), each with its "unused" value.
@@ -58,36 +53,6 @@ ADDITIVE_KNOBS: dict[str, object] = {
     "frequency_penalty": 0.0,
     "logit_bias": {},
 }
-
-
-def parse_logit_bias(value: Any) -> Any:
-    """``logit_bias`` as ``{token id: bias}``, from OpenAI's JSON form ``{"50256": -100}``.
-
-    Keys must be token ids (non-negative integers, or strings of decimal digits as JSON
-    carries them) and values numbers in ``[-100, 100]``; a ``ValueError`` names the first
-    bad entry. Whether an id is in the model's vocabulary is checked by the server, which
-    knows the vocabulary. Anything that is not a mapping is left to pydantic's type check.
-    """
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        return value
-    parsed: dict[int, float] = {}
-    for key, bias in value.items():
-        if isinstance(key, bool) or not (
-            (isinstance(key, int) and key >= 0)
-            or (isinstance(key, str) and _TOKEN_ID_KEY.fullmatch(key))
-        ):
-            raise ValueError(f"key {key!r} is not a token id (a non-negative integer)")
-        if isinstance(bias, bool) or not isinstance(bias, int | float):
-            raise ValueError(f"the bias of token {key} must be a number, got {bias!r}")
-        if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
-            raise ValueError(
-                f"the bias of token {key} is {bias!r}; it must be between "
-                f"{-MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}"
-            )
-        parsed[int(key)] = float(bias)
-    return parsed
 
 
 class GenerationConfig(BaseModel):

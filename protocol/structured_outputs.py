@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 #: What a constraint is written in, as the grammar compiler takes it.
 GrammarKind = Literal["json", "regex", "choice", "grammar", "structural_tag"]
@@ -149,3 +149,26 @@ def structural_tags(text: str) -> StructuralTag:
         return StructuralTag.model_validate_json(text)
     except ValueError as exc:
         raise ValueError(f"'structural_tag' is not a valid structural tag: {exc}") from None
+
+
+def one_constraint(
+    given: StructuredOutputs | None, older: dict[str, Any], has_response_format: bool
+) -> StructuredOutputs | None:
+    """A request's one output constraint: ``structured_outputs``, or the older field of
+    ``older`` (``{"guided_regex": ..., "structural_tag": ...}``, None where unset) turned into
+    it. ``ValueError`` when more than one is given (``response_format`` with a schema counts)
+    or the older field's value is invalid, naming the fields."""
+    set_older = {name: value for name, value in older.items() if value is not None}
+    names = [*(["response_format"] if has_response_format else [])]
+    names += [*(["structured_outputs"] if given is not None else []), *set_older]
+    if len(names) > 1:
+        listed = ", ".join(f"'{name}'" for name in names)
+        raise ValueError(f"only one constraint on the output may be given; got {listed}")
+    if not set_older:
+        return given
+    ((field, value),) = set_older.items()
+    try:
+        return StructuredOutputs.model_validate({field.removeprefix("guided_"): value})
+    except ValidationError as exc:
+        reason = "; ".join(error["msg"] for error in exc.errors())
+        raise ValueError(f"'{field}': {reason}") from None

@@ -12,6 +12,8 @@ from protocol.openai_api.request_models import (
     MAX_COMPLETION_LOGPROBS,
     ChatCompletionRequest,
     CompletionRequest,
+)
+from protocol.openai_api.request_parts import (
     FunctionDefinition,
     JsonSchemaFormat,
     NamedToolChoice,

@@ -33,11 +33,17 @@ from protocol.generation import (
     TruncatePromptTokens,
     parse_logit_bias,
 )
+from protocol.openai_api.request_parts import (
+    NamedToolChoice,
+    ResponseFormat,
+    StreamOptions,
+    Tool,
+)
 from protocol.resume import StreamResume
-from protocol.structured_outputs import StructuredOutputs
+from protocol.structured_outputs import StructuredOutputs, one_constraint
 
 #: vLLM's older names of ``structured_outputs``' constraints: ``guided_<name>`` is
-#: ``structured_outputs: {<name>: ...}``.
+#: ``structured_outputs: {<name>: ...}`` (``structural_tag`` keeps its name).
 GUIDED_FIELDS = ("json", "regex", "choice", "grammar")
 #: The ``guided_decoding_backend`` values this server takes: its grammar library is llguidance.
 GRAMMAR_BACKENDS = ("auto", "guidance", "llguidance")
@@ -45,49 +51,6 @@ GRAMMAR_BACKENDS = ("auto", "guidance", "llguidance")
 #: The bound of the completions ``logprobs`` (alternatives per token): vLLM's 20, where
 #: OpenAI's legacy API stops at 5.
 MAX_COMPLETION_LOGPROBS = MAX_TOP_LOGPROBS
-
-
-class StreamOptions(BaseModel):
-    """``stream_options``: only ``include_usage`` has a meaning here."""
-
-    model_config = ConfigDict(extra="allow")
-
-    include_usage: bool = False
-
-
-class JsonSchemaFormat(BaseModel):
-    """``response_format.json_schema``: the schema the output must validate against."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str = "response"
-    description: str | None = None
-    schema_: dict[str, Any] = Field(default_factory=lambda: {"type": "object"}, alias="schema")
-    strict: bool | None = None
-
-
-class ResponseFormat(BaseModel):
-    """``response_format``: ``text`` (default), ``json_object`` (any JSON object) or
-    ``json_schema`` (JSON valid against ``json_schema.schema``), as OpenAI defines them."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["text", "json_object", "json_schema"]
-    json_schema: JsonSchemaFormat | None = None
-
-    @model_validator(mode="after")
-    def _schema_given(self) -> ResponseFormat:
-        if self.type == "json_schema" and self.json_schema is None:
-            raise ValueError("'json_schema' is required when 'type' is 'json_schema'")
-        return self
-
-    def schema_of_output(self) -> dict[str, Any] | None:
-        """The JSON schema the output must follow (None: free text)."""
-        if self.type == "json_object":
-            return {"type": "object"}
-        if self.type == "json_schema" and self.json_schema is not None:
-            return self.json_schema.schema_
-        return None
 
 
 class _SamplingFields(BaseModel):
@@ -200,32 +163,10 @@ class _SamplingFields(BaseModel):
                 "'spaces_between_special_tokens': false is not supported (special tokens are "
                 "shown as the tokenizer decodes them)"
             )
-        guided = {
-            name: getattr(self, f"guided_{name}")
-            for name in GUIDED_FIELDS
-            if getattr(self, f"guided_{name}") is not None
-        }
-        given = [f"guided_{name}" for name in guided]
-        if self.structural_tag is not None:
-            given.append("structural_tag")
-            guided["structural_tag"] = self.structural_tag
-        if self.structured_outputs is not None:
-            given.insert(0, "structured_outputs")
-        if self.response_format is not None and self.response_format.type != "text":
-            given.insert(0, "response_format")
-        if len(given) > 1:
-            raise ValueError(
-                "only one constraint on the output may be given; got "
-                + ", ".join(f"'{name}'" for name in given)
-            )
-        if guided:
-            ((name, value),) = guided.items()
-            try:
-                self.structured_outputs = StructuredOutputs.model_validate({name: value})
-            except ValidationError as exc:
-                reason = "; ".join(error["msg"] for error in exc.errors())
-                field = name if name == "structural_tag" else f"guided_{name}"
-                raise ValueError(f"'{field}': {reason}") from None
+        older = {f"guided_{name}": getattr(self, f"guided_{name}") for name in GUIDED_FIELDS}
+        older["structural_tag"] = self.structural_tag
+        has_format = self.response_format is not None and self.response_format.type != "text"
+        self.structured_outputs = one_constraint(self.structured_outputs, older, has_format)
 
     def _max_tokens(self) -> int | None:
         raise NotImplementedError
@@ -360,39 +301,6 @@ class CompletionRequest(_SamplingFields):
         if len(prompts) != 1 or not isinstance(prompts[0], str) or self.echo:
             return None
         return self._native(prompt=prompts[0])
-
-
-class FunctionDefinition(BaseModel):
-    """A function the model may call: its name and its parameters' JSON schema."""
-
-    model_config = ConfigDict(extra="allow")
-
-    name: str = Field(min_length=1, max_length=64)
-    description: str | None = None
-    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object"})
-    strict: bool | None = None
-
-
-class Tool(BaseModel):
-    """One entry of ``tools``."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["function"] = "function"
-    function: FunctionDefinition
-
-
-class ToolChoiceFunction(BaseModel):
-    """The function a named ``tool_choice`` forces."""
-
-    name: str
-
-
-class NamedToolChoice(BaseModel):
-    """``tool_choice: {"type": "function", "function": {"name": ...}}``."""
-
-    type: Literal["function"] = "function"
-    function: ToolChoiceFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
