@@ -16,6 +16,7 @@ import abc
 import json
 
 from protocol.generation import GenerateRequest
+from utils.text import num_held_back
 
 
 class StreamTranslator(abc.ABC):
@@ -152,14 +153,6 @@ class SecretScrubber(StreamTranslator):
 
     def _scrub(self, data: bytes, is_last: bool) -> bytes:
         text = (self._held + data).replace(self.secret, b"***")
-        num_held = 0 if is_last else _longest_prefix_suffix(text, self.secret)
+        num_held = 0 if is_last else num_held_back(text, [self.secret])
         self._held = text[len(text) - num_held :] if num_held else b""
         return text[: len(text) - num_held]
-
-
-def _longest_prefix_suffix(text: bytes, secret: bytes) -> int:
-    """The length of the longest end of ``text`` that is a proper beginning of ``secret``."""
-    for length in range(min(len(secret) - 1, len(text)), 0, -1):
-        if text.endswith(secret[:length]):
-            return length
-    return 0

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from protocol.generation import GenerationConfig
+from utils.text import num_held_back
 
 REPLACEMENT_CHAR = "\ufffd"
 
@@ -151,16 +152,9 @@ class IncrementalDetokenizer:
         position, length = min(found)
         return position + length if self._is_stop_included else position
 
-    def _held_back(self) -> int:
-        """Characters at the end of the text that could begin a stop string."""
-        for size in range(min(self._max_stop_len - 1, len(self._text)), 0, -1):
-            tail = self._text[-size:]
-            if any(s.startswith(tail) for s in self._stop):
-                return size
-        return 0
-
     def _release(self, is_final: bool) -> str:
-        end = len(self._text) if is_final else len(self._text) - self._held_back()
+        num_held = 0 if is_final else num_held_back(self._text, self._stop)
+        end = len(self._text) - num_held
         if end <= self._num_emitted_chars:
             return ""
         delta = self._text[self._num_emitted_chars : end]

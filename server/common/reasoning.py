@@ -16,6 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from utils.text import num_held_back
+
 THINK_OPEN = "<think>"
 THINK_CLOSE = "</think>"
 
@@ -48,14 +50,6 @@ class ReasoningPart:
     content: str = ""
 
 
-def _held(text: str, tag: str) -> int:
-    """How many characters at the end of ``text`` could start ``tag``."""
-    for size in range(min(len(text), len(tag) - 1), 0, -1):
-        if tag.startswith(text[-size:]):
-            return size
-    return 0
-
-
 class ReasoningStream:
     """Splits one choice's output, piece by piece, into reasoning and content."""
 
@@ -82,7 +76,7 @@ class ReasoningStream:
             elif self._state == "reasoning":
                 end = self._pending.find(THINK_CLOSE)
                 if end < 0:
-                    keep = len(self._pending) - _held(self._pending, THINK_CLOSE)
+                    keep = len(self._pending) - num_held_back(self._pending, [THINK_CLOSE])
                     part.reasoning += self._pending[:keep]
                     self._pending = self._pending[keep:]
                     break

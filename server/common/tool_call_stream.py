@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from server.common.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, call_of_text
+from utils.text import num_held_back
 
 #: The start of a block whose name comes first: ``{"name": "<json string>", "arguments":``.
 _HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
@@ -50,14 +51,6 @@ class StreamedPart:
         if not self.calls or self.calls[-1].index != index:
             self.calls.append(CallDelta(index))
         return self.calls[-1]
-
-
-def _held_prefix(text: str) -> int:
-    """How many characters at the end of ``text`` could start ``<tool_call>``."""
-    for size in range(min(len(text), len(TOOL_CALL_OPEN) - 1), 0, -1):
-        if TOOL_CALL_OPEN.startswith(text[-size:]):
-            return size
-    return 0
 
 
 class ToolCallStream:
@@ -113,7 +106,7 @@ class ToolCallStream:
     def _read_text(self, part: StreamedPart) -> None:
         start = self._pending.find(TOOL_CALL_OPEN)
         if start < 0:
-            keep = _held_prefix(self._pending)
+            keep = num_held_back(self._pending, [TOOL_CALL_OPEN])
             self._add_content(part, self._pending[: len(self._pending) - keep])
             self._pending = self._pending[len(self._pending) - keep :]
             return

@@ -28,6 +28,7 @@ from server.common.tool_calls import (
     calls_grammar,
     parse_tool_calls,
 )
+from utils.text import num_held_back
 
 #: ``serving_config.tool_call_parser``.
 ToolCallParserName = Literal["auto", "hermes", "llama3_json", "mistral"]
@@ -162,10 +163,7 @@ class MistralSyntax(ToolSyntax):
         return start if start >= 0 else None
 
     def num_held(self, text: str) -> int:
-        for size in range(min(len(text), len(MISTRAL_CALLS) - 1), 0, -1):
-            if MISTRAL_CALLS.startswith(text[-size:]):
-                return size
-        return 0
+        return num_held_back(text, [MISTRAL_CALLS])
 
 
 class HeldCallStream:
