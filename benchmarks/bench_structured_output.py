@@ -22,7 +22,7 @@ from transformers import AutoTokenizer
 
 from benchmarks import median_step_ms, step_bench_parser
 from server.common.structured_output import GrammarCompiler, OutputConstraint
-from server.common.tool_calls import calls_grammar
+from server.common.tool_syntax import HermesSyntax
 from server.continuous_batching.decoding.row_params import RowParams
 from server.continuous_batching.sampling.draws import sample
 from tools.prepare_model import default_model_dir
@@ -61,7 +61,7 @@ KINDS: dict[str, tuple[OutputConstraint, str]] = {
         "red,green,blue,yellow,orange,purple,black,white",
     ),
     "tool_calls": (
-        OutputConstraint("grammar", calls_grammar([WEATHER], None, is_parallel=True)),
+        OutputConstraint("grammar", HermesSyntax().grammar([WEATHER], None, is_parallel=True)),
         '<tool_call>{"name":"get_weather","arguments":{"city":"Paris","unit":"C"}}</tool_call>',
     ),
 }

@@ -12,7 +12,8 @@ the format Hermes and Qwen use; earlier calls and tool results in the conversati
 back the same way (``<tool_response>`` for results), so the model sees one convention.
 
 ``tool_choice``: ``none`` renders no tools; ``auto`` lets the model answer or call; ``required``
-and a named function constrain the output with :func:`calls_grammar`: one or more
+and a named function constrain the output with ``HermesSyntax.grammar``
+(``tool_syntax.py``): one or more
 ``<tool_call>`` blocks (one with ``parallel_tool_calls: false``) whose JSON follows
 :func:`call_schema`, through structured output, so they always parse. :func:`parse_tool_calls`
 reads calls out of the text either way (the first only, with ``parallel_tool_calls: false``).
@@ -140,22 +141,6 @@ def call_schema(
     if not options:
         raise ValueError(f"tool_choice names {name!r}, which is not among the tools")
     return options[0] if len(options) == 1 else {"anyOf": options}
-
-
-#: llguidance's option for JSON written without optional whitespace (as structured output's).
-_COMPACT = {"x-guidance": {"whitespace_flexible": False}}
-
-
-def calls_grammar(tools: list[dict[str, Any]], name: str | None, *, is_parallel: bool) -> str:
-    """The Lark grammar (llguidance's, with ``%json`` schemas) of a forced answer: calls to
-    ``name`` (None: any of ``tools``), each a ``<tool_call>`` block of :func:`call_schema`'s
-    JSON; one or more, a newline apart, or exactly one unless ``is_parallel``."""
-    repeat = ' ("\\n" call)*' if is_parallel else ""
-    return (
-        f"start: call{repeat}\n"
-        f"call: {json.dumps(TOOL_CALL_OPEN)} body {json.dumps(TOOL_CALL_CLOSE)}\n"
-        f"body: %json {json.dumps({**call_schema(tools, name), **_COMPACT})}\n"
-    )
 
 
 def parse_tool_calls(text: str, *, is_parallel: bool = True) -> tuple[str | None, list[ToolCall]]:

@@ -21,11 +21,11 @@ from typing import Any, ClassVar, Literal
 
 from server.common.tool_call_stream import CallDelta, StreamedPart, ToolCallStream
 from server.common.tool_calls import (
+    TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
     ToolCall,
     call_from_object,
     call_schema,
-    calls_grammar,
     parse_tool_calls,
 )
 from utils.text import num_held_back
@@ -35,7 +35,7 @@ ToolCallParserName = Literal["auto", "hermes", "llama3_json", "mistral"]
 
 PYTHON_TAG = "<|python_tag|>"
 MISTRAL_CALLS = "[TOOL_CALLS]"
-#: llguidance's option for JSON written without optional whitespace.
+#: llguidance's option for JSON written without optional whitespace (as structured output's).
 _COMPACT = {"x-guidance": {"whitespace_flexible": False}}
 
 
@@ -76,7 +76,13 @@ class HermesSyntax(ToolSyntax):
         return parse_tool_calls(text, is_parallel=is_parallel)
 
     def grammar(self, tools: list[dict[str, Any]], name: str | None, *, is_parallel: bool) -> str:
-        return calls_grammar(tools, name, is_parallel=is_parallel)
+        """``<tool_call>`` blocks of :func:`call_schema`'s JSON, a newline apart."""
+        repeat = ' ("\\n" call)*' if is_parallel else ""
+        return (
+            f"start: call{repeat}\n"
+            f"call: {json.dumps(TOOL_CALL_OPEN)} body {json.dumps(TOOL_CALL_CLOSE)}\n"
+            f"body: %json {json.dumps({**call_schema(tools, name), **_COMPACT})}\n"
+        )
 
     def stream(self, *, is_parallel: bool = True) -> Any:
         return ToolCallStream(is_parallel=is_parallel)

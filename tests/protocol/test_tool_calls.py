@@ -14,10 +14,10 @@ from transformers import AutoTokenizer
 from server.common.tool_calls import (
     TOOL_CALL_OPEN,
     call_schema,
-    calls_grammar,
     fallback_conversation,
     parse_tool_calls,
 )
+from server.common.tool_syntax import HermesSyntax
 
 WEATHER = {
     "type": "function",
@@ -113,12 +113,12 @@ def test_the_forced_calls_grammar_takes_calls_and_nothing_else(default_model_pat
         ids = tokenizer.encode(text, add_special_tokens=False)
         return all(matcher.accept(t) for t in ids) and matcher._matcher.is_accepting()
 
-    several = calls_grammar([WEATHER, TIME], None, is_parallel=True)
+    several = HermesSyntax().grammar([WEATHER, TIME], None, is_parallel=True)
     assert accepts(several, weather) and accepts(several, f"{weather}\n{time}")
     assert not accepts(several, "It is sunny.")
-    one = calls_grammar([WEATHER, TIME], None, is_parallel=False)
+    one = HermesSyntax().grammar([WEATHER, TIME], None, is_parallel=False)
     assert accepts(one, time) and not accepts(one, f"{weather}\n{time}")
-    named = calls_grammar([WEATHER, TIME], "get_time", is_parallel=True)
+    named = HermesSyntax().grammar([WEATHER, TIME], "get_time", is_parallel=True)
     assert accepts(named, time) and not accepts(named, weather)
 
 
