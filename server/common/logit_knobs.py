@@ -27,7 +27,38 @@ import torch
 
 FILTER_VALUE = -float("inf")
 
-__all__ = ["apply_additive_penalties", "apply_logit_bias", "apply_min_p"]
+__all__ = [
+    "allowed_pairs",
+    "apply_additive_penalties",
+    "apply_logit_bias",
+    "apply_min_p",
+    "keep_allowed",
+]
+
+
+def allowed_pairs(limited: list[int], allowed: list[list[int]]) -> tuple[list[int], list[int]]:
+    """vLLM's ``allowed_token_ids`` of rows ``limited`` as (row, token) pairs for
+    :func:`keep_allowed`. Each row's ids are padded to the longest list with the row's own
+    first id: a pair written back twice writes the same value."""
+    width = max(len(ids) for ids in allowed)
+    padded = [ids + ids[:1] * (width - len(ids)) for ids in allowed]
+    return [i for i in limited for _ in range(width)], [t for ids in padded for t in ids]
+
+
+def keep_allowed(
+    scores: torch.Tensor,
+    limited_index: torch.Tensor,
+    row_index: torch.Tensor,
+    token_index: torch.Tensor,
+) -> torch.Tensor:
+    """vLLM's ``allowed_token_ids``: rows ``limited_index`` keep only the scores at their
+    (row, token) pairs (:func:`allowed_pairs`); every other token scores -inf (in place;
+    returns ``scores``). The allowed scores are read out, the rows filled, and the scores
+    written back: one pass over each limited row rather than a whole-vocabulary mask."""
+    kept = scores[row_index, token_index]
+    scores.index_fill_(0, limited_index, FILTER_VALUE)
+    scores[row_index, token_index] = kept
+    return scores
 
 
 def apply_logit_bias(

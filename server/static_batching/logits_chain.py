@@ -27,7 +27,12 @@ from transformers.generation.logits_process import (
 
 from protocol.generation import GenerationConfig
 from server.common.bad_words import bad_word_bans
-from server.common.logit_knobs import apply_additive_penalties, apply_logit_bias
+from server.common.logit_knobs import (
+    allowed_pairs,
+    apply_additive_penalties,
+    apply_logit_bias,
+    keep_allowed,
+)
 from server.static_batching.rows import Row
 
 
@@ -74,21 +79,16 @@ class AllowedTokensProcessor(LogitsProcessor):
     """vLLM's ``allowed_token_ids``: every other token of such a row scores -inf."""
 
     def __init__(self, rows: list[Row], device: torch.device) -> None:
-        self.limited = [i for i, row in enumerate(rows) if row.config.allowed_token_ids]
-        self.allowed = [rows[i].config.allowed_token_ids or [] for i in self.limited]
-        self.device = device
-        self.keep: torch.Tensor | None = None  # [limited rows, vocab], built at the first call
+        limited = [i for i, row in enumerate(rows) if row.config.allowed_token_ids]
+        row_ids, token_ids = allowed_pairs(
+            limited, [rows[i].config.allowed_token_ids or [] for i in limited]
+        )
+        self.limited = torch.tensor(limited, dtype=torch.long, device=device)
+        self.row_index = torch.tensor(row_ids, dtype=torch.long, device=device)
+        self.token_index = torch.tensor(token_ids, dtype=torch.long, device=device)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.Tensor) -> torch.Tensor:
-        if self.keep is None:
-            self.keep = torch.zeros(
-                len(self.limited), scores.shape[1], dtype=torch.bool, device=self.device
-            )
-            for j, ids in enumerate(self.allowed):
-                self.keep[j, ids] = True
-        index = torch.tensor(self.limited, dtype=torch.long, device=self.device)
-        scores[index] = scores[index].masked_fill(~self.keep, float("-inf"))
-        return scores
+        return keep_allowed(scores, self.limited, self.row_index, self.token_index)
 
 
 class BadWordsProcessor(LogitsProcessor):

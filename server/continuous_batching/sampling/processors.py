@@ -20,7 +20,13 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from server.common.logit_knobs import apply_additive_penalties, apply_logit_bias, apply_min_p
+from server.common.logit_knobs import (
+    allowed_pairs,
+    apply_additive_penalties,
+    apply_logit_bias,
+    apply_min_p,
+    keep_allowed,
+)
 from server.common.structured_output import allocate_bitmask, apply_bitmask
 from server.continuous_batching.decoding.row_params import RowParams
 from server.continuous_batching.sampling.logits_processing import (
@@ -94,22 +100,18 @@ def _add_logit_bias(scores: torch.Tensor, rows: list[RowParams]) -> None:
 
 
 def _keep_allowed(scores: torch.Tensor, rows: list[RowParams]) -> None:
-    """vLLM's ``allowed_token_ids``: every other token of such a row scores -inf (in place).
-    The allowed scores are read out, the rows filled with -inf, and the scores written back:
-    one pass over each limited row rather than a whole-vocabulary mask."""
+    """vLLM's ``allowed_token_ids`` (:func:`keep_allowed`), for the rows that limit them."""
     limited = [i for i, row in enumerate(rows) if row.allowed_token_ids is not None]
     if not limited:
         return
     device = scores.device
-    allowed = [rows[i].allowed_token_ids or [] for i in limited]
-    width = max(len(ids) for ids in allowed)
-    # Padded with each row's own first id: writing it back twice writes the same value.
-    padded = [ids + ids[:1] * (width - len(ids)) for ids in allowed]
-    token_index = to_device([t for ids in padded for t in ids], torch.long, device)
-    row_index = index_tensor([i for i in limited for _ in range(width)], device)
-    kept = scores[row_index, token_index]
-    scores.index_fill_(0, index_tensor(limited, device), float("-inf"))
-    scores[row_index, token_index] = kept
+    row_ids, token_ids = allowed_pairs(limited, [rows[i].allowed_token_ids or [] for i in limited])
+    keep_allowed(
+        scores,
+        index_tensor(limited, device),
+        index_tensor(row_ids, device),
+        to_device(token_ids, torch.long, device),
+    )
 
 
 def apply_processors(scores: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
