@@ -23,7 +23,7 @@ from server.common.answers import AnswerShape
 from server.common.backend import TextDelta
 from server.common.reasoning import ReasoningStream, split_reasoning
 from server.common.service import ChoiceResult
-from server.common.tool_call_stream import CallDelta
+from server.common.tool_call_stream import CallDelta, CallStreamReader
 from server.common.tool_syntax import ToolSyntax
 
 
@@ -103,7 +103,7 @@ def chat_with_tools(syntax: ToolSyntax, *, is_parallel: bool = True) -> AnswerSh
     out of the text. ``is_parallel`` false (``parallel_tool_calls: false``): one call at most.
     A step's logprobs ride on the next event that shows the choice. ``syntax``: how the model
     writes calls (Hermes blocks stream as above; the others' calls come whole at the end)."""
-    streams: dict[int, Any] = {}
+    streams: dict[int, CallStreamReader] = {}
     entries: dict[int, list[TokenLogprob]] = {}
 
     def chunk_choice(delta: TextDelta, is_opening: bool) -> dict[str, Any] | None:

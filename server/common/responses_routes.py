@@ -30,6 +30,7 @@ from server.common.reasoning import ReasoningStream, is_thinking_at_start
 from server.common.request_context import parse_body, request_record
 from server.common.responses_store import ResponseStore, StoredResponse
 from server.common.service import GenerationService, Job
+from server.common.tool_call_stream import CallStreamReader
 from utils.errors import APIError
 from utils.http import prime, run_unless_disconnected, sse_response
 from utils.openapi import json_body
@@ -74,7 +75,7 @@ class OutputBuilder:
     """Reads an answer's text, piece by piece, into output items."""
 
     reasoning: ReasoningStream | None
-    tools: Any
+    tools: CallStreamReader | None
     items: list[OutputItem] = field(default_factory=list)
 
     def feed(self, text: str, *, is_last: bool) -> list[tuple[OutputItem, str, bool]]:

@@ -18,7 +18,7 @@ import json
 import re
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 from server.common.tool_calls import TOOL_CALL_CLOSE, TOOL_CALL_OPEN, call_of_text
 from utils.text import num_held_back
@@ -51,6 +51,23 @@ class StreamedPart:
         if not self.calls or self.calls[-1].index != index:
             self.calls.append(CallDelta(index))
         return self.calls[-1]
+
+
+class CallStreamReader(Protocol):
+    """What reads one streamed answer into content and call deltas, whatever the syntax:
+    :class:`ToolCallStream` (Hermes blocks, streamed as they come) or ``tool_syntax``'s
+    ``HeldCallStream`` (calls whole at the end)."""
+
+    #: The calls read so far (an answer that called ends with ``finish_reason: tool_calls``).
+    num_calls: int
+
+    def feed(self, text: str) -> StreamedPart:
+        """What the answer's next piece of text adds."""
+        ...
+
+    def finish(self) -> StreamedPart:
+        """What is left when the answer ends."""
+        ...
 
 
 class ToolCallStream:

@@ -19,7 +19,12 @@ import abc
 import json
 from typing import Any, ClassVar, Literal
 
-from server.common.tool_call_stream import CallDelta, StreamedPart, ToolCallStream
+from server.common.tool_call_stream import (
+    CallDelta,
+    CallStreamReader,
+    StreamedPart,
+    ToolCallStream,
+)
 from server.common.tool_calls import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
@@ -54,8 +59,8 @@ class ToolSyntax(abc.ABC):
     def grammar(self, tools: list[dict[str, Any]], name: str | None, *, is_parallel: bool) -> str:
         """The Lark grammar a forced answer follows: calls to ``name`` (None: any tool)."""
 
-    def stream(self, *, is_parallel: bool = True) -> Any:
-        """A reader of one streamed answer (``feed``, ``finish``, ``num_calls``)."""
+    def stream(self, *, is_parallel: bool = True) -> CallStreamReader:
+        """A reader of one streamed answer."""
         return HeldCallStream(self, is_parallel=is_parallel)
 
     def calls_start(self, text: str) -> int | None:
@@ -84,7 +89,7 @@ class HermesSyntax(ToolSyntax):
             f"body: %json {json.dumps({**call_schema(tools, name), **_COMPACT})}\n"
         )
 
-    def stream(self, *, is_parallel: bool = True) -> Any:
+    def stream(self, *, is_parallel: bool = True) -> CallStreamReader:
         return ToolCallStream(is_parallel=is_parallel)
 
 
