@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -79,6 +81,32 @@ def wait_healthy(url: str, timeout: float, process: subprocess.Popen | None = No
                     return
         time.sleep(1)
     raise TimeoutError(f"{url} not healthy after {timeout:.0f} s")
+
+
+@contextlib.contextmanager
+def running_server(
+    cmd: Sequence[str], log: Path, health_url: str, timeout: float
+) -> Iterator[None]:
+    """``cmd`` (a server) started in a process group of its own with its output in ``log``,
+    until ``health_url`` answers (at most ``timeout`` seconds; an early exit fails at once);
+    on the way out the group is sent SIGTERM, then SIGKILL after 60 s, so that a server's
+    children (vLLM's engine core, our launcher's apps) stop with it."""
+    print(f"$ {shlex.join(cmd)}  > {log}", flush=True)
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            cmd, cwd=REPO_ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    try:
+        wait_healthy(health_url, timeout, process)
+        yield
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)  # only the group this script started
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
 
 
 def median(values: Sequence[float]) -> float | None:

@@ -8,9 +8,7 @@ import argparse
 import contextlib
 import json
 import math
-import os
 import shlex
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,9 +27,9 @@ from benchmarks.vllm_peer import (
     port_is_free,
     ratio,
     run_logged,
+    running_server,
     vllm_command,
     vllm_dtype,
-    wait_healthy,
 )
 
 
@@ -80,26 +78,9 @@ def vllm_server(args: argparse.Namespace, model: Path, work: Path) -> Iterator[s
     serve += ["--host", "127.0.0.1", "--port", str(args.vllm_port), "--dtype", vllm_dtype(args)]
     serve += ["--served-model-name", args.model_name, "--seed", "0"]
     serve += shlex.split(args.vllm_serve_args)
-    log = work / "vllm_serve.log"
-    print(f"$ {shlex.join(serve)}  > {log}", flush=True)
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            vllm_command(args.vllm_venv, serve),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    try:
-        wait_healthy(f"http://127.0.0.1:{args.vllm_port}/health", 900, process)
+    health = f"http://127.0.0.1:{args.vllm_port}/health"
+    with running_server(vllm_command(args.vllm_venv, serve), work / "vllm_serve.log", health, 900):
         yield f"http://127.0.0.1:{args.vllm_port}"
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)  # only the group this script started
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
 
 
 @dataclass(frozen=True)
@@ -112,6 +93,7 @@ class ClientRun:
     output_len: int
     log: Path
     seed: int  # draws the prompts (vllm client) or the arrival times (ours)
+    max_concurrency: int | None = None  # vllm client: requests in flight at most
 
 
 def bench_vllm_client(args: argparse.Namespace, run: ClientRun) -> dict[str, Any]:
@@ -124,6 +106,8 @@ def bench_vllm_client(args: argparse.Namespace, run: ClientRun) -> dict[str, Any
     bench += ["--random-input-len", str(args.input_len), "--random-output-len", str(run.output_len)]
     bench += ["--num-prompts", str(run.num_prompts), "--request-rate", str(run.rate)]
     bench += ["--seed", str(run.seed)]
+    if run.max_concurrency is not None:
+        bench += ["--max-concurrency", str(run.max_concurrency)]
     # Greedy, as our client asks: vllm bench serve 0.32 leaves the temperature to the server.
     bench += ["--temperature", "0", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el"]
     bench += ["--metric-percentiles", "50,90,99", "--disable-tqdm", "--save-result"]
