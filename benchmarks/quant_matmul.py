@@ -4,10 +4,10 @@ llama's shapes. Run by hand (not a test; about half a minute):
 
     .venv/bin/python -m benchmarks.quant_matmul [--isa avx2] [--seconds 0.3] [--threads 1]
 
-Per shape (K x N) and batch M (1: decode, 8: a small batch), float32 activations and (``i8``,
-where the kernels have them) int8 activations: milliseconds per call (median
-of repeated runs), GB/s of weight bytes read (the packed bytes, scales included), and the
-speed against bf16 in the same run (>1: faster).
+Per shape (K x N) and batch M (``--batches``; 1: decode, 8: a small batch, 128: a prefill),
+float32 activations and (``i8``, where the kernels have them) int8 activations: milliseconds
+per call (median of repeated runs), GB/s of weight bytes read (the packed bytes, scales
+included), GMAC/s (M x N x K a second) and the speed against bf16 in the same run (>1: faster).
 """
 
 from __future__ import annotations
@@ -56,21 +56,22 @@ def _time(call: Callable[[], object], seconds: float) -> float:
     return statistics.median(samples)
 
 
-def run(isa: str, seconds: float) -> None:
+def run(isa: str, seconds: float, batches: tuple[int, ...] = BATCHES) -> None:
     """Print the table for kernels of ``isa``."""
     kernels = cpu_kernels.load(isa)
     if kernels is None or not hasattr(kernels, "quant_linear"):
         raise SystemExit(f"no fused CPU kernels for {isa}")
     rng = np.random.default_rng(0)
     print(f"isa {isa}, {torch.get_num_threads()} threads, CPU {cpu_isa.probe().model}")
-    header = f"{'K x N':>12} {'M':>2} {'kind':>7} {'ms/call':>9} {'GB/s':>7} {'vs bf16':>8}"
+    header = f"{'K x N':>12} {'M':>3} {'kind':>7} {'ms/call':>9} {'GB/s':>7} {'GMAC/s':>7} "
+    header += f"{'vs bf16':>8}"
     print(header)
     for k, n in SHAPES:
         dense = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
         packed_bf16 = kernels.pack_bf16_weight(dense)
         q8 = repack(quantize(dense.float().numpy(), T.Q8_0), T.Q8_0)
         q4k = repack(_q4_k_blocks(n, k, rng), T.Q4_K)
-        for m in BATCHES:
+        for m in batches:
             x = torch.randn(m, k, dtype=torch.bfloat16)
             base = _time(lambda: kernels.bf16_linear(x, packed_bf16, n), seconds)  # noqa: B023
             rows = [("bf16", base, n * k * 2)]
@@ -84,8 +85,8 @@ def run(isa: str, seconds: float) -> None:
             for name, sec, num_bytes in rows:
                 ratio = base / sec
                 print(
-                    f"{k:>5} x {n:<5} {m:>2} {name:>7} {sec * 1e3:>9.3f} "
-                    f"{num_bytes / sec / 1e9:>7.2f} {ratio:>7.2f}x"
+                    f"{k:>5} x {n:<5} {m:>3} {name:>7} {sec * 1e3:>9.3f} "
+                    f"{num_bytes / sec / 1e9:>7.2f} {m * n * k / sec / 1e9:>7.1f} {ratio:>7.2f}x"
                 )
 
 
@@ -95,10 +96,11 @@ def main() -> None:
     parser.add_argument("--isa", default=cpu_isa.resolve().level)
     parser.add_argument("--seconds", type=float, default=0.3, help="timing budget per row")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: as set)")
+    parser.add_argument("--batches", type=int, nargs="+", default=list(BATCHES), help="rows M")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    run(args.isa, args.seconds)
+    run(args.isa, args.seconds, tuple(args.batches))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,10 @@ namespace {
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define LLM_SUITE_HAS_QGEMM_SUPER 1
+#if defined(__AVX512BW__)
+// AVX-512 builds take two 32-byte units per instruction (super_block_512).
+#define LLM_SUITE_SUPER_512 1
+#endif
 
 inline float hsum256(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -71,6 +75,16 @@ SuperRows quantize_super(const float* x, int64_t m, int64_t k, int64_t span, int
         std::memcpy(out + i + 32, codes + i + 16, 16);
         std::memcpy(out + i + 48, codes + i + 48, 16);
       }
+#if defined(LLM_SUITE_SUPER_512)
+      // Two units per 64-byte load: per 128 codes, both units' low-nibble halves, then both
+      // high-nibble halves (units u and u + 1 are 64 codes apart in the order above).
+      for (int64_t i = 0; i < span; i += 128) {
+        int8_t run[128];
+        std::memcpy(run, out + i, 128);
+        std::memcpy(out + i + 32, run + 64, 32);
+        std::memcpy(out + i + 64, run + 32, 32);
+      }
+#endif
     }
   });
   return q;
@@ -194,6 +208,93 @@ void super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
   for (int r = 0; r < R; ++r) out[r] = hsum256(total[r]);
 }
 
+#if defined(LLM_SUITE_SUPER_512)
+// super_block with 64-byte loads: units u and u + 1 side by side in one register, their scale
+// vectors joined (the same integer sums, 16 float lanes). AVX-512 has no vpsignb: 8-bit codes
+// take |w| and x negated where w < 0 (x where w == 0 meets |w| = 0 either way).
+template <int R, int B, int G, int S, bool SIGNED, bool OFFSET>
+void super_block_512(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t col,
+                     float* out) {
+  using Lay = SuperLayout<B, G, S>;
+  static_assert(Lay::kUnits % 2 == 0, "units come in pairs");
+  const int64_t k = w.k, ng = w.num_groups, ns = w.num_super;
+  const uint8_t* codes = w.codes + col * w.row_bytes;
+  const uint8_t* scales = static_cast<const uint8_t*>(w.group_scale) + col * ng;
+  const uint8_t* mins = OFFSET ? static_cast<const uint8_t*>(w.group_offset) + col * ng : nullptr;
+  const float* d = w.super_scale + col * ns;
+  const float* dmin = OFFSET ? w.super_offset + col * ns : nullptr;
+  const int8_t* x = xq.codes.data() + r0 * k;
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512 total[R];
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < ns; ++b) {
+    __m256i sc[Lay::kHalves];
+    for (int h = 0; h < Lay::kHalves; ++h)
+      sc[h] = widen_scales<SIGNED, Lay::kPerHalf>(scales + b * S + h * 8);
+    __m512i acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_si512();
+    const uint8_t* block = codes + b * Lay::kUnits * 32;
+    const int8_t* xb = x + b * Lay::kSpan;
+#pragma GCC unroll 4
+    for (int u = 0; u < Lay::kUnits; u += 2) {
+      const __m512i raw = _mm512_loadu_si512(block + u * 32);
+      if (u % 4 == 0) prefetch_next_block(block + u * 32 + w.row_bytes);
+      const auto spread = [](int unit) {
+        return _mm256_load_si256(
+            reinterpret_cast<const __m256i*>(kScaleSpread.control[Lay::spread(unit)]));
+      };
+      const __m512i scale = _mm512_inserti64x4(
+          _mm512_castsi256_si512(_mm256_shuffle_epi8(sc[Lay::half(u)], spread(u))),
+          _mm256_shuffle_epi8(sc[Lay::half(u + 1)], spread(u + 1)), 1);
+      __m512i lo, hi, magnitude;
+      __mmask64 negative = 0;
+      if constexpr (B == 4) {
+        lo = _mm512_and_si512(raw, mask);
+        hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+      } else {
+        magnitude = _mm512_abs_epi8(raw);
+        negative = _mm512_movepi8_mask(raw);
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* xr = xb + r * k + u * Lay::kUnitValues;
+        __m512i pairs;
+        if constexpr (B == 4) {
+          const __m512i xa = _mm512_loadu_si512(xr);
+          const __m512i xc = _mm512_loadu_si512(xr + 64);
+          pairs = _mm512_add_epi16(_mm512_maddubs_epi16(lo, xa), _mm512_maddubs_epi16(hi, xc));
+        } else {
+          const __m512i xv = _mm512_loadu_si512(xr);
+          const __m512i signed_x = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
+          pairs = _mm512_maddubs_epi16(magnitude, signed_x);
+        }
+        acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(pairs, scale));
+      }
+    }
+    __m128i m16[Lay::kHalves];
+    if constexpr (OFFSET)
+      for (int h = 0; h < Lay::kHalves; ++h)
+        m16[h] = _mm256_castsi256_si128(widen_scales<false, Lay::kPerHalf>(mins + b * S + h * 8));
+    for (int r = 0; r < R; ++r) {
+      const float dx = xq.scale[(r0 + r) * ns + b];
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(d[b] * dx), total[r]);
+      if constexpr (OFFSET) {
+        const int16_t* sums = xq.sums.data() + (r0 + r) * ng + b * S;
+        __m128i prod = _mm_setzero_si128();
+        for (int h = 0; h < Lay::kHalves; ++h) {
+          const __m128i s16 = Lay::kPerHalf == 8
+              ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums + h * 8))
+              : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sums + h * 8));
+          prod = _mm_add_epi32(prod, _mm_madd_epi16(m16[h], s16));
+        }
+        const __m512 offsets = _mm512_zextps128_ps512(_mm_cvtepi32_ps(prod));
+        total[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(-dmin[b] * dx), total[r]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(total[r]);
+}
+#endif
+
 // Columns [col, col1) of rows [r, r + R), one weight row at a time: the rows are contiguous,
 // so a thread reads one sequential stream. Four short rows side by side (K = 2048: 1 KB each
 // at 4 bits) are four streams that the prefetchers follow badly: 13.6 against 18 GB/s on a
@@ -205,7 +306,11 @@ void super_tile(const QuantWeight& w, const SuperRows& xq, int64_t r, int64_t co
   float ys[R];
   for (; col < col1; ++col) {
     prefetch_scales(w, col + 1);
+#if defined(LLM_SUITE_SUPER_512)
+    super_block_512<R, B, G, S, SIGNED, OFFSET>(w, xq, r, col, ys);
+#else
     super_block<R, B, G, S, SIGNED, OFFSET>(w, xq, r, col, ys);
+#endif
     for (int i = 0; i < R; ++i) sink.put(r + i, col, ys[i]);
   }
 }
