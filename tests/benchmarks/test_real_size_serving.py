@@ -89,6 +89,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 def test_command_line_defaults_and_refusals() -> None:
     args = real_size_serving.parse_args([])
     assert args.concurrency == [1, 8, 32] and args.workloads == ["chat", "long"]
-    assert args.systems == ["ours", "llama.cpp", "vllm"] and args.vllm_dtype == "float32"
+    assert args.systems == ["ours", "llama.cpp", "vllm"]
+    assert args.vllm_dtype == real_size_serving.vllm_best_dtype()
+    assert real_size_serving.parse_args(["--vllm-dtype", "float32"]).vllm_dtype == "float32"
     with pytest.raises(SystemExit):
         real_size_serving.parse_args(["--systems", "tgi"])
