@@ -9,8 +9,9 @@ Loading is split in two so checkpoint formats plug in:
   to the model dtype, and checks that every parameter was filled exactly once.
 
 ``load_model`` takes the ``model_loading_config`` and picks the source: a ``.gguf`` file (or
-``gguf_file``), a GPTQ folder (its
-``quantize_config.json`` or ``quantization_config`` says so), else plain safetensors. GPTQ
+``gguf_file``), a GPTQ or AWQ folder (its
+``quantize_config.json`` or ``quantization_config`` says so; ``checkpoint_formats`` decides,
+AWQ layers are converted exactly to GPTQ's), else plain safetensors. GPTQ
 layers become int4 ``QuantLinear``s installed in place of the dense matmuls, or, with
 ``gptq_dequantize_at_load``, dense weights like any other checkpoint.
 """
@@ -29,13 +30,8 @@ from safetensors import safe_open
 
 from ..engine_config import ModelLoadingConfig
 from ..load_cache import cache_root
-from ..quantization.gptq import (
-    GPTQConfig,
-    dequantize_gptq,
-    gptq_files,
-    read_gptq_config,
-    split_gptq_checkpoint,
-)
+from ..quantization.checkpoint_formats import QuantCheckpoint, read_quant_checkpoint
+from ..quantization.gptq import GPTQConfig, dequantize_gptq, gptq_files, split_gptq_checkpoint
 from ..quantization.gptq_packed import GPTQPacking
 from ..quantization.packed_cache import PackedCache
 from ..quantization.packed_linear import kernels_can_pack
@@ -188,28 +184,28 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
         model = model_class_for(arch)(
             arch, dtype=dtype, device=device, use_cpu_kernels=config.cpu_kernels, cpu_path=cpu_path
         )
-        gptq = read_gptq_config(model_path, config.gptq_config_base_name)
-        if config.quantize_method == "gptq" and gptq is None:
+        quant = read_quant_checkpoint(model_path, config.gptq_config_base_name)
+        if config.quantize_method == "gptq" and quant is None:
             raise WeightLoadError(
                 f"quantize_method is gptq but {model_path} has no quantize_config.json "
-                "and no GPTQ quantization_config in config.json"
+                "and no GPTQ (or AWQ) quantization_config in config.json"
             )
         dtype_name = str(dtype).removeprefix("torch.")
-        if gptq is None:
+        if quant is None:
             assign_weights(model, iter_safetensors(model_path))
             model.weight_format = f"{dtype_name} dense"
             if config.quantize_method in AT_LOAD_TYPES:
                 _quantize_at_load(model, config)
         elif config.quantize_method in AT_LOAD_TYPES:
             raise WeightLoadError(
-                f"quantize_method is {config.quantize_method} but {model_path} is a GPTQ "
+                f"quantize_method is {config.quantize_method} but {model_path} is a GPTQ/AWQ "
                 "checkpoint (quantised already): leave quantize_method out, or set gptq"
             )
         else:
             files = gptq_files(model_path, config.gptq_model_base_name)
             packing = _gptq_packing(model, config)
             num_packed, num_torch = _load_gptq(
-                model, files, gptq, config.gptq_dequantize_at_load, packing
+                model, files, quant, config.gptq_dequantize_at_load, packing
             )
             kept = "dequantised at load" if config.gptq_dequantize_at_load else "int4 QuantLinear"
             if packing is not None and num_packed:
@@ -217,7 +213,7 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
                 kept = f"int4 packed ({model.cpu_path.level}{activations})"
                 if num_torch:
                     kept = f"int4 QuantLinear ({num_torch} matmuls) and {kept} ({num_packed})"
-            model.weight_format = f"gptq {kept}, {dtype_name} dense elsewhere"
+            model.weight_format = f"{quant.format.name} {kept}, {dtype_name} dense elsewhere"
     model.finalize()
     model.eval()
     return model, arch
@@ -291,7 +287,7 @@ def _gptq_packing(model: LlamaForCausalLM, config: ModelLoadingConfig) -> GPTQPa
 def _load_gptq(
     model: LlamaForCausalLM,
     files: list[Path],
-    gptq: GPTQConfig,
+    quant: QuantCheckpoint,
     dequantize_at_load: bool,
     packing: GPTQPacking | None = None,
 ) -> tuple[int, int]:
@@ -300,8 +296,10 @@ def _load_gptq(
     tensor (e.g. a quantised lm_head) dequantised, and everything through ``assign_weights``.
     Returns how many fused matmuls went packed and how many to ``QuantLinear``."""
     quantized, dense_names = split_gptq_checkpoint(files)
+    quantized = {prefix: quant.format.convert(parts) for prefix, parts in quantized.items()}
+    gptq = quant.config
     num_packed = num_torch = 0
-    logger.info("GPTQ checkpoint: %d quantised layers, %s", len(quantized), gptq)
+    logger.info("%s checkpoint: %d quantised layers, %s", quant.format.name, len(quantized), gptq)
     for i, layer in enumerate([] if dequantize_at_load else model.layers):
         linears = {}
         for name, projections in _FUSED_PROJECTIONS.items():

@@ -77,26 +77,38 @@ class GPTQConfig:
         )
 
 
-def read_gptq_config(folder: str | Path, config_base_name: str | None = None) -> GPTQConfig | None:
-    """The folder's GPTQ settings, or None when it is not a GPTQ checkpoint.
+def read_quant_settings(
+    folder: str | Path, config_base_name: str | None = None
+) -> tuple[dict[str, Any], bool] | None:
+    """The folder's quantisation settings and whether they come from a settings file of their
+    own (None: no settings, a dense checkpoint).
 
     Looked up in ``<config_base_name>.json`` if given (it must exist), else
-    ``quantize_config.json``, else ``config.json``'s ``quantization_config``.
+    ``quantize_config.json``, else ``config.json``'s ``quantization_config`` (any method).
     """
     folder = Path(folder)
     if config_base_name:
         path = folder / f"{config_base_name.removesuffix('.json')}.json"
         if not path.is_file():
             raise FileNotFoundError(f"GPTQ config {path} not found")
-        return GPTQConfig.from_dict(json.loads(path.read_text()))
+        return json.loads(path.read_text()), True
     if (folder / "quantize_config.json").is_file():
-        return GPTQConfig.from_dict(json.loads((folder / "quantize_config.json").read_text()))
+        return json.loads((folder / "quantize_config.json").read_text()), True
     config_file = folder / "config.json"
     if config_file.is_file():
         quant = json.loads(config_file.read_text()).get("quantization_config")
-        if isinstance(quant, dict) and quant.get("quant_method") == "gptq":
-            return GPTQConfig.from_dict(quant)
+        if isinstance(quant, dict):
+            return quant, False
     return None
+
+
+def read_gptq_config(folder: str | Path, config_base_name: str | None = None) -> GPTQConfig | None:
+    """The folder's GPTQ settings, or None when it is not a GPTQ checkpoint (a settings file of
+    its own is read as GPTQ; config.json's ``quantization_config`` only when it says gptq)."""
+    found = read_quant_settings(folder, config_base_name)
+    if found is None or not (found[1] or found[0].get("quant_method") == "gptq"):
+        return None
+    return GPTQConfig.from_dict(found[0])
 
 
 def gptq_files(folder: str | Path, model_base_name: str | None = None) -> list[Path]:
