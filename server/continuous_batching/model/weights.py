@@ -198,8 +198,9 @@ def load_model(config: ModelLoadingConfig) -> tuple[LlamaForCausalLM, ModelArchC
                 _quantize_at_load(model, config)
         elif config.quantize_method in AT_LOAD_TYPES:
             raise WeightLoadError(
-                f"quantize_method is {config.quantize_method} but {model_path} is a GPTQ/AWQ "
-                "checkpoint (quantised already): leave quantize_method out, or set gptq"
+                f"quantize_method is {config.quantize_method} but {model_path} is a "
+                f"{quant.format.name.upper()} checkpoint (quantised already): leave "
+                "quantize_method out, or set gptq"
             )
         else:
             files = gptq_files(model_path, config.gptq_model_base_name)

@@ -39,6 +39,8 @@ class QuantFormat(Protocol):
 
 
 class GPTQFormat:
+    """GPTQ as AutoGPTQ and GPTQModel write it: the layers are GPTQ's already."""
+
     name = "gptq"
 
     def takes(self, settings: dict[str, Any], is_own_file: bool) -> bool:
@@ -53,6 +55,8 @@ class GPTQFormat:
 
 
 class AWQFormat:
+    """AutoAWQ's ``gemm`` layout, each layer repacked exactly into GPTQ v2 tensors."""
+
     name = "awq"
 
     def takes(self, settings: dict[str, Any], is_own_file: bool) -> bool:
