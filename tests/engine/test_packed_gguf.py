@@ -157,3 +157,34 @@ def test_packed_linear_int8_kernel_matches_its_reference_path(kernels) -> None:
     assert plain.is_int8 and fast.is_int8 == kernels.has_int8_activations
     expected = plain(x) if fast.is_int8 else PackedLinear(q6k, None, None)(x)
     torch.testing.assert_close(fast(x), expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+@pytest.mark.parametrize("rows", [31, 40], ids=lambda m: f"m{m}")
+def test_int8_mode_prefill_on_bf16_builds_multiplies_bf16_weights(kernels, qtype, rows) -> None:
+    """The int8 mode's prefill (``qgemm_panels.h``): on AVX512-BF16 builds, 32 or more bf16
+    rows multiply the weight dequantised to bf16 (exact bf16 products, float32 sums); fewer
+    rows, and builds without AVX512-BF16, quantise x as the integer kernels do."""
+    assert kernels.has_int8_activations
+    rng = np.random.default_rng(rows + int(qtype))
+    weight = repack(random_blocks(qtype, 21, _k_for(qtype, 2), rng), qtype)
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, weight.in_features, generator=gen).bfloat16()
+    bias = torch.randn(21, generator=gen)
+    got = _quant_linear(kernels, x, weight, bias, is_int8_activations=True)
+    is_panel = kernels.has_quant_panels and rows >= kernels.quant_panel_min_rows
+    if is_panel:
+        w_bf16 = weight.dequantize().bfloat16().double()
+        expected = x.double() @ w_bf16.T + bias.double()
+    else:
+        expected = _reference(quantize_activations(x, weight.activation_group), weight, bias)
+    scale = expected.abs().max().item()
+    assert got.dtype == torch.bfloat16 and got.shape == (rows, 21)
+    assert (got.double() - expected).abs().max().item() <= 8e-3 * scale
+    # The two products differ by more than that bound: the test tells which one ran.
+    other = (
+        _reference(quantize_activations(x, weight.activation_group), weight, bias)
+        if is_panel
+        else x.double() @ weight.dequantize().bfloat16().double().T + bias.double()
+    )
+    assert (other - expected).abs().max().item() > 0

@@ -50,7 +50,10 @@ class PackedLinear:
     super-block) first, as llama.cpp does
     (integer dot products; about twice the speed of the float kernel), where the kernels and
     the weight's layout allow it (``self.is_int8``); the reference path quantises x the same
-    way, so both paths compute the same product.
+    way, so both paths compute the same product. On AVX512-BF16 builds a prefill in this mode
+    (bf16 x of ``kernels.quant_panel_min_rows`` rows or more) multiplies the weight dequantised
+    to bf16 instead (``qgemm_panels.h``: 1.4-1.8x the integer kernel's speed there); the plain
+    path does not model that choice, the kernel tests check it.
 
     ``input_order``: the weight's columns are the input's channels in this order (a GPTQ
     act-order layer, its channels sorted by group): x is permuted to it first.

@@ -10,6 +10,7 @@
 //   qgemm.h        the matmul of weights kept quantised (repacked GGUF types)
 //   qgemm_i8.h     the same with int8 activations, per weight group
 //   qgemm_super.h  int8 activations per super-block, integer sums (K-quants, GPTQ g128)
+//   qgemm_panels.h the int8 mode's prefill on AVX512-BF16: weight rows dequantised to bf16
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags
 // name its ISA level (cpu_isa.py); the module says which with ``isa`` and ``gemm``.
@@ -44,6 +45,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("super_scale") = py::none(), py::arg("super_offset") = py::none(),
         py::arg("bias") = py::none(), py::arg("is_scalar") = false,
         py::arg("is_int8_activations") = false);
+#if defined(LLM_SUITE_HAS_QUANT_PANELS)
+  m.attr("has_quant_panels") = true;
+  m.attr("quant_panel_min_rows") = kPanelMinRows;
+#else
+  m.attr("has_quant_panels") = false;
+#endif
 #if defined(LLM_SUITE_HAS_QGEMM_I8)
   m.attr("has_int8_activations") = true;
 #else

@@ -9,6 +9,7 @@
 // A step is 32 elements: one group of 32, or two groups of 16 (8-bit codes only).
 #pragma once
 
+#include "qgemm_panels.h"
 #include "qgemm_super.h"
 
 namespace {
@@ -257,6 +258,10 @@ at::Tensor quant_linear_any(const at::Tensor& x, const at::Tensor& codes, int64_
               "16/32, K a multiple of 32, and the vector kernel");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16");
+#if defined(LLM_SUITE_HAS_QUANT_PANELS)
+  // A prefill's bf16 rows on AVX512-BF16: the weight dequantised to bf16 (qgemm_panels.h).
+  if (takes_panels(x, w)) return quant_linear_panels(x, w, bias);
+#endif
   // K-quants and GPTQ g128: x per super-block, integer sums across it (qgemm_super.h).
   if (super_layout(w)) return quant_linear_super(x, w, bias);
   return quant_linear_i8(x, w, bias);
