@@ -200,6 +200,7 @@ def plot(rows: list[dict], workloads: list[str], out: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
+    labels = list(dict.fromkeys((r["system"], r["weights"]) for r in rows))  # a colour each
     for col, workload in enumerate(workloads):
         mine = [r for r in rows if r["workload"] == workload]
         for label in dict.fromkeys((r["system"], r["weights"]) for r in mine):
@@ -207,13 +208,16 @@ def plot(rows: list[dict], workloads: list[str], out: Path) -> None:
                           key=lambda r: r["concurrency"])  # fmt: skip
             xs = [r["concurrency"] for r in line]
             for ax, key in zip(axes[:, col], ("tpot_p50_ms", "output_tok_per_s"), strict=True):
-                ax.plot(xs, [r[key] for r in line], marker="o", label=" ".join(label))
+                color = f"C{labels.index(label) % 10}"
+                ax.plot(xs, [r[key] for r in line], marker="o", color=color, label=" ".join(label))
         in_len, out_len = WORKLOADS[workload]
         axes[0, col].set_title(f"{workload}: {in_len} in / {out_len} out")
         axes[0, col].set_ylabel("TPOT p50 (ms, lower is better)")
         axes[1, col].set_ylabel("output tok/s (higher is better)")
+        concurrencies = sorted({r["concurrency"] for r in mine})
         for ax in axes[:, col]:
             ax.set_xscale("log", base=2)
+            ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
             ax.set_xlabel("concurrency")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
