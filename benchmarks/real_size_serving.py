@@ -3,7 +3,8 @@ one at a time on the same random llama of Llama-3.2-1B's shape, each measured by
 client, ``vllm bench serve``, at several concurrencies.
 
     python -m benchmarks.real_size_serving [--types Q4_K_M BF16] [--systems ours llama.cpp vllm]
-        [--concurrency 1 8 32] [--workloads chat long] [--prompts-per-slot 2] [--shape 1b|tiny]
+        [--concurrency 1 8 32] [--rates 1 2] [--workloads chat long] [--prompts-per-slot 2]
+        [--shape 1b|tiny]
         [--out benchmarks/results/real_size_serving_cpu.json] [--plot ...png]
 
 Needs the vLLM venv (``make vllm-venv``: its client measures every system, its server is the
@@ -20,7 +21,8 @@ vLLM side). Steps:
 3. per server: 4 warm-up requests, then per workload and concurrency C one ``vllm bench serve``
    run (random prompts, ``ignore_eos``, greedy, ``--max-concurrency C``, ``--request-rate
    inf``, ``max(4, C * prompts-per-slot)`` prompts; each run draws its own prompts so no
-   prefix cache helps).
+   prefix cache helps); with ``--rates``, also one run per rate R (Poisson arrivals, no
+   concurrency cap, ``--rate-prompts`` prompts): the time to first token under a steady load.
 
 Workloads: ``chat`` 100 in / 64 out, ``long`` 100 in / 512 out (decode dominates). Per row:
 TTFT and TPOT p50, output tok/s; the summary gives ours / llama.cpp on the same file (tok/s and
@@ -107,7 +109,8 @@ def serve_ours(args: argparse.Namespace, model: Path, work: Path) -> Iterator[st
 def serve_llama_cpp(args: argparse.Namespace, model: Path, work: Path) -> Iterator[str]:
     """``llama-server`` on the same file: one slot per request in flight."""
     port = _port(args)
-    slots = max(args.concurrency)
+    # A slot per request in flight: the largest concurrency, or (rate runs) up to 16 at once.
+    slots = max([*args.concurrency, 16 if args.rates else 1])
     per_slot = context_per_request(args)
     binary = llama_cpp.build_tools(("llama-server",)) / "llama-server"
     cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
@@ -136,18 +139,23 @@ def measure(args: argparse.Namespace, base: str, work: Path, label: dict[str, An
     warmup = ClientRun(base, math.inf, 4, 16, work / f"warmup_{name}.log", WARMUP_SEED)
     bench_vllm_client(args, warmup)
     rows = []
+    loads = [(c, math.inf) for c in args.concurrency] + [(None, r) for r in args.rates]
     for w_index, workload in enumerate(args.workloads):
         args.input_len, output_len = WORKLOADS[workload]
-        for c_index, concurrency in enumerate(args.concurrency):
+        for l_index, (concurrency, rate) in enumerate(loads):
             waited = wait_for_quiet_machine(args.wait_for_load)
             load = load_average()
-            num_prompts = max(4, concurrency * args.prompts_per_slot)
-            log = work / f"{name}_{workload}_c{concurrency}.log"
-            seed = 1 + 100 * w_index + c_index  # the same prompts for every system
-            run = ClientRun(base, math.inf, num_prompts, output_len, log, seed, concurrency)
+            if concurrency is None:  # Poisson arrivals at ``rate``, no cap on what is in flight
+                num_prompts, tag = args.rate_prompts, f"r{rate:g}"
+            else:
+                num_prompts, tag = max(4, concurrency * args.prompts_per_slot), f"c{concurrency}"
+            log = work / f"{name}_{workload}_{tag}.log"
+            seed = 1 + 100 * w_index + l_index  # the same prompts for every system
+            run = ClientRun(base, rate, num_prompts, output_len, log, seed, concurrency)
             got = bench_vllm_client(args, run)
             got.pop("raw")
-            row = {**label, "workload": workload, "concurrency": concurrency, **got}
+            row = {**label, "workload": workload, "concurrency": concurrency}
+            row |= {"rate": None if concurrency is not None else rate, **got}
             row |= {"num_prompts": num_prompts, "load_at_start": load, "waited_s": waited}
             print(json.dumps(row), flush=True)
             rows.append(row)
@@ -168,26 +176,33 @@ def servers(args: argparse.Namespace, folder: Path, files: dict[str, Path]) -> I
 
 
 def summary(rows: list[dict]) -> list[dict]:
-    """Ours against llama.cpp on the same file, and against vLLM, per workload and
-    concurrency: tok/s ratios (above 1: ours faster) and TPOT ratios (below 1: ours faster)."""
+    """Ours against llama.cpp on the same file, and against vLLM, per workload and load (a
+    concurrency, or a request rate): tok/s ratios (above 1: ours faster), TPOT and TTFT p50
+    ratios (below 1: ours faster)."""
 
-    def find(system: str, weights: str | None, workload: str, c: int) -> dict | None:
+    def key_of(row: dict) -> tuple:
+        return row["workload"], row["concurrency"], row.get("rate")
+
+    def find(system: str, weights: str | None, key: tuple) -> dict | None:
         for row in rows:
-            same = row["workload"] == workload and row["concurrency"] == c
-            if same and row["system"] == system and (weights is None or row["weights"] == weights):
-                return row
+            if key_of(row) == key and row["system"] == system:
+                if weights is None or row["weights"] == weights:
+                    return row
         return None
 
     out = []
     for row in (r for r in rows if r["system"] == "ours"):
-        key = (row["workload"], row["concurrency"])
-        for peer in (find("llama.cpp", row["weights"], *key), find("vllm", None, *key)):
+        key = key_of(row)
+        for peer in (find("llama.cpp", row["weights"], key), find("vllm", None, key)):
             if peer and peer["output_tok_per_s"] and peer["tpot_p50_ms"]:
-                out.append({
-                    "workload": key[0], "concurrency": key[1], "ours": row["weights"],
-                    "peer": f"{peer['system']} {peer['weights']}",
+                line = {"workload": key[0], "concurrency": key[1]}
+                if key[2] is not None:
+                    line["rate"] = key[2]
+                out.append(line | {
+                    "ours": row["weights"], "peer": f"{peer['system']} {peer['weights']}",
                     "tok_s_ratio": round(row["output_tok_per_s"] / peer["output_tok_per_s"], 2),
                     "tpot_ratio": round(row["tpot_p50_ms"] / peer["tpot_p50_ms"], 2),
+                    "ttft_ratio": round(row["ttft_p50_ms"] / peer["ttft_p50_ms"], 2),
                 })  # fmt: skip
     return out
 
@@ -202,7 +217,8 @@ def plot(rows: list[dict], workloads: list[str], out: Path) -> None:
     fig, axes = plt.subplots(2, len(workloads), figsize=(6 * len(workloads), 8), squeeze=False)
     labels = list(dict.fromkeys((r["system"], r["weights"]) for r in rows))  # a colour each
     for col, workload in enumerate(workloads):
-        mine = [r for r in rows if r["workload"] == workload]
+        # Rate runs have no concurrency to draw against: the table and JSON hold them.
+        mine = [r for r in rows if r["workload"] == workload and r["concurrency"] is not None]
         for label in dict.fromkeys((r["system"], r["weights"]) for r in mine):
             line = sorted((r for r in mine if (r["system"], r["weights"]) == label),
                           key=lambda r: r["concurrency"])  # fmt: skip
@@ -237,9 +253,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--types", nargs="+", default=["Q4_K_M", "BF16"], help="GGUF types")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
-    p.add_argument("--concurrency", nargs="+", type=int, default=[1, 8, 32])
+    p.add_argument("--concurrency", nargs="*", type=int, default=[1, 8, 32])
     p.add_argument("--workloads", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS))
     p.add_argument("--prompts-per-slot", type=int, default=2, help="prompts = C x this (min 4)")
+    rate_help = "also Poisson arrivals at these request rates, no concurrency cap (TTFT)"
+    p.add_argument("--rates", nargs="*", type=float, default=[], help=rate_help)
+    p.add_argument("--rate-prompts", type=int, default=16, help="prompts per rate run (16)")
     p.add_argument("--shape", choices=("1b", "tiny"), default="1b")
     p.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
     p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)

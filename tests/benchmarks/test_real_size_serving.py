@@ -48,16 +48,26 @@ def test_running_server_fails_at_once_when_the_server_exits(tmp_path: Path) -> N
     assert time.monotonic() - started < 30
 
 
-def row(system: str, weights: str, workload: str, c: int, tok_s: float, tpot: float) -> dict:
+def row(
+    system: str,
+    weights: str,
+    workload: str,
+    c: int | None,
+    tok_s: float,
+    tpot: float,
+    rate: float | None = None,
+    ttft: float = 100.0,
+) -> dict:
     """One result row as ``measure`` writes it."""
     return {
         "system": system,
         "weights": weights,
         "workload": workload,
         "concurrency": c,
+        "rate": rate,
         "output_tok_per_s": tok_s,
         "tpot_p50_ms": tpot,
-        "ttft_p50_ms": 100.0,
+        "ttft_p50_ms": ttft,
     }
 
 
@@ -72,10 +82,26 @@ def test_summary_pairs_ours_with_the_same_file_and_with_vllm() -> None:
     got = real_size_serving.summary(rows)
     assert got == [
         {"workload": "chat", "concurrency": 8, "ours": "Q4_K_M", "peer": "llama.cpp Q4_K_M",
-         "tok_s_ratio": 3.0, "tpot_ratio": 0.5},
+         "tok_s_ratio": 3.0, "tpot_ratio": 0.5, "ttft_ratio": 1.0},
         {"workload": "chat", "concurrency": 8, "ours": "Q4_K_M", "peer": "vllm hf float32",
-         "tok_s_ratio": 1.5, "tpot_ratio": 0.25},
+         "tok_s_ratio": 1.5, "tpot_ratio": 0.25, "ttft_ratio": 1.0},
     ]  # fmt: skip
+
+
+def test_summary_pairs_rate_runs_by_rate_and_the_plot_leaves_them_out(tmp_path: Path) -> None:
+    rows = [
+        row("ours", "BF16", "chat", None, 60.0, 50.0, rate=1.0, ttft=300.0),
+        row("ours", "BF16", "chat", None, 90.0, 60.0, rate=2.0, ttft=500.0),
+        row("vllm", "hf bfloat16", "chat", None, 60.0, 40.0, rate=1.0, ttft=200.0),
+        row("vllm", "hf bfloat16", "chat", None, 100.0, 50.0, rate=2.0, ttft=1000.0),
+        row("vllm", "hf bfloat16", "chat", 1, 30.0, 30.0),  # a concurrency run: not a rate's
+    ]
+    got = real_size_serving.summary(rows)
+    assert [(line["rate"], line["ttft_ratio"]) for line in got] == [(1.0, 1.5), (2.0, 0.5)]
+    assert all(line["concurrency"] is None for line in got)
+    out = tmp_path / "plot.png"
+    real_size_serving.plot(rows, ["chat"], out)  # only the concurrency run is drawn
+    assert out.stat().st_size > 0
 
 
 def test_plot_writes_a_png(tmp_path: Path) -> None:
@@ -89,6 +115,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
 def test_command_line_defaults_and_refusals() -> None:
     args = real_size_serving.parse_args([])
     assert args.concurrency == [1, 8, 32] and args.workloads == ["chat", "long"]
+    assert args.rates == [] and args.rate_prompts == 16
+    assert real_size_serving.parse_args(["--rates", "1", "2"]).rates == [1.0, 2.0]
     assert args.systems == ["ours", "llama.cpp", "vllm"]
     assert args.vllm_dtype == real_size_serving.vllm_best_dtype()
     assert real_size_serving.parse_args(["--vllm-dtype", "float32"]).vllm_dtype == "float32"
