@@ -138,6 +138,26 @@ struct SuperLayout {
   static_assert(B == 8 || G == 32, "4-bit codes come in groups of 32");
 };
 
+// One super-block's group mins (offset layouts), widened to int16.
+template <class Lay>
+inline void widen_mins(const uint8_t* mins, __m128i* m16) {
+  for (int h = 0; h < Lay::kHalves; ++h)
+    m16[h] = _mm256_castsi256_si128(widen_scales<false, Lay::kPerHalf>(mins + h * 8));
+}
+
+// sum_g m_g * sum(xq_g) over one super-block of one row of x, exact in int32, as float lanes.
+template <class Lay>
+inline __m128 offset_sums(const __m128i* m16, const int16_t* sums) {
+  __m128i prod = _mm_setzero_si128();
+  for (int h = 0; h < Lay::kHalves; ++h) {
+    const __m128i s16 = Lay::kPerHalf == 8
+        ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums + h * 8))
+        : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sums + h * 8));
+    prod = _mm_add_epi32(prod, _mm_madd_epi16(m16[h], s16));
+  }
+  return _mm_cvtepi32_ps(prod);
+}
+
 // R rows of x against weight row ``col``: out [R].
 template <int R, int B, int G, int S, bool SIGNED, bool OFFSET>
 void super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t col, float* out) {
@@ -185,22 +205,13 @@ void super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
       }
     }
     __m128i m16[Lay::kHalves];
-    if constexpr (OFFSET)
-      for (int h = 0; h < Lay::kHalves; ++h)
-        m16[h] = _mm256_castsi256_si128(widen_scales<false, Lay::kPerHalf>(mins + b * S + h * 8));
+    if constexpr (OFFSET) widen_mins<Lay>(mins + b * S, m16);
     for (int r = 0; r < R; ++r) {
       const float dx = xq.scale[(r0 + r) * ns + b];
       total[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r]), _mm256_set1_ps(d[b] * dx), total[r]);
       if constexpr (OFFSET) {
         const int16_t* sums = xq.sums.data() + (r0 + r) * ng + b * S;
-        __m128i prod = _mm_setzero_si128();
-        for (int h = 0; h < Lay::kHalves; ++h) {
-          const __m128i s16 = Lay::kPerHalf == 8
-              ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums + h * 8))
-              : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sums + h * 8));
-          prod = _mm_add_epi32(prod, _mm_madd_epi16(m16[h], s16));
-        }
-        const __m256 offsets = _mm256_zextps128_ps256(_mm_cvtepi32_ps(prod));
+        const __m256 offsets = _mm256_zextps128_ps256(offset_sums<Lay>(m16, sums));
         total[r] = _mm256_fmadd_ps(offsets, _mm256_set1_ps(-dmin[b] * dx), total[r]);
       }
     }
@@ -271,22 +282,13 @@ void super_block_512(const QuantWeight& w, const SuperRows& xq, int64_t r0, int6
       }
     }
     __m128i m16[Lay::kHalves];
-    if constexpr (OFFSET)
-      for (int h = 0; h < Lay::kHalves; ++h)
-        m16[h] = _mm256_castsi256_si128(widen_scales<false, Lay::kPerHalf>(mins + b * S + h * 8));
+    if constexpr (OFFSET) widen_mins<Lay>(mins + b * S, m16);
     for (int r = 0; r < R; ++r) {
       const float dx = xq.scale[(r0 + r) * ns + b];
       total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r]), _mm512_set1_ps(d[b] * dx), total[r]);
       if constexpr (OFFSET) {
         const int16_t* sums = xq.sums.data() + (r0 + r) * ng + b * S;
-        __m128i prod = _mm_setzero_si128();
-        for (int h = 0; h < Lay::kHalves; ++h) {
-          const __m128i s16 = Lay::kPerHalf == 8
-              ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(sums + h * 8))
-              : _mm_loadl_epi64(reinterpret_cast<const __m128i*>(sums + h * 8));
-          prod = _mm_add_epi32(prod, _mm_madd_epi16(m16[h], s16));
-        }
-        const __m512 offsets = _mm512_zextps128_ps512(_mm_cvtepi32_ps(prod));
+        const __m512 offsets = _mm512_zextps128_ps512(offset_sums<Lay>(m16, sums));
         total[r] = _mm512_fmadd_ps(offsets, _mm512_set1_ps(-dmin[b] * dx), total[r]);
       }
     }
