@@ -159,12 +159,52 @@ def test_packed_linear_int8_kernel_matches_its_reference_path(kernels) -> None:
     torch.testing.assert_close(fast(x), expected, atol=1e-4, rtol=1e-4)
 
 
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+def _takes_vnni(kernels, qtype, rows: int) -> bool:
+    """The AVX512-VNNI builds' integer GEMM (``qgemm_vnni.h``) takes batches of the K-quants
+    (Q6_K's groups of 16 from more rows than the others' groups of 32)."""
+    least = kernels.vnni_min_rows_g16 if qtype == T.Q6_K else kernels.vnni_min_rows
+    return qtype in K_QUANTS and 0 < least <= rows
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [8, 13, 16, 17, 33, 40], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_vnni_gemm_equals_the_integer_kernels(kernels, qtype, rows, dtype) -> None:
+    """Batches through the VNNI GEMM (blocks of 8 rows below 16, of 16 from 16; one block,
+    two, and tails): the same integer sums as the dot-product kernels, run here on 4 rows at
+    a time (never the GEMM), and the float64 reference of x quantised per super-block. 23
+    columns: five tiles of 4 and a short one."""
+    rng = np.random.default_rng(rows + 100 * int(qtype))
+    weight = repack(random_blocks(qtype, 23, _k_for(qtype, 3), rng), qtype)
+    gen = torch.Generator().manual_seed(rows)
+    x = (3 * torch.randn(rows, weight.in_features, generator=gen)).to(dtype)
+    x[1, :256] = 0.0  # an all-zero super-block
+    bias = torch.randn(23, generator=gen)
+    got = _quant_linear(kernels, x, weight, bias, is_int8_activations=True)
+    expected = _reference(quantize_activations(x, weight.activation_group), weight, bias)
+    tolerance = 2e-5 if dtype == torch.float32 else 8e-3
+    scale = expected.abs().max().item()
+    assert got.dtype == dtype and got.shape == (rows, 23)
+    assert (got.double() - expected).abs().max().item() <= tolerance * scale
+    dots = torch.cat([
+        _quant_linear(kernels, x[i : i + 4], weight, bias, is_int8_activations=True)
+        for i in range(0, rows, 4)
+    ])
+    assert (got.double() - dots.double()).abs().max().item() <= tolerance * scale
+    if kernels.__name__.endswith("avx512_bf16"):  # every AVX512-BF16 CPU has VNNI, its build too
+        assert _takes_vnni(kernels, qtype, 16) and not _takes_vnni(kernels, qtype, 7)
+
+
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
 @pytest.mark.parametrize("rows", [31, 40], ids=lambda m: f"m{m}")
 def test_int8_mode_prefill_on_bf16_builds_multiplies_bf16_weights(kernels, qtype, rows) -> None:
     """The int8 mode's prefill (``qgemm_panels.h``): on AVX512-BF16 builds, 32 or more bf16
-    rows multiply the weight dequantised to bf16 (exact bf16 products, float32 sums); fewer
-    rows, and builds without AVX512-BF16, quantise x as the integer kernels do."""
+    rows multiply the weight dequantised to bf16 (exact bf16 products, float32 sums), except
+    the K-quants, which the VNNI GEMM takes in integers; fewer rows, and builds without
+    AVX512-BF16, quantise x as the integer kernels do."""
     assert kernels.has_int8_activations
     rng = np.random.default_rng(rows + int(qtype))
     weight = repack(random_blocks(qtype, 21, _k_for(qtype, 2), rng), qtype)
@@ -172,7 +212,11 @@ def test_int8_mode_prefill_on_bf16_builds_multiplies_bf16_weights(kernels, qtype
     x = torch.randn(rows, weight.in_features, generator=gen).bfloat16()
     bias = torch.randn(21, generator=gen)
     got = _quant_linear(kernels, x, weight, bias, is_int8_activations=True)
-    is_panel = kernels.has_quant_panels and rows >= kernels.quant_panel_min_rows
+    is_panel = (
+        kernels.has_quant_panels
+        and rows >= kernels.quant_panel_min_rows
+        and not _takes_vnni(kernels, qtype, rows)
+    )
     if is_panel:
         w_bf16 = weight.dequantize().bfloat16().double()
         expected = x.double() @ w_bf16.T + bias.double()

@@ -3,7 +3,8 @@
 The fused CPU kernels (``cpu_kernels``) are compiled once per ISA level, each with its own
 flags (never ``-march=native``, so a build only uses what its level names):
 
-* ``avx512_bf16`` (AVX-512 F/BW/VL/DQ + BF16; AMX CPUs land here): vdpbf16ps on bf16 pairs;
+* ``avx512_bf16`` (AVX-512 F/BW/VL/DQ + BF16 + VNNI; AMX CPUs land here): vdpbf16ps on bf16
+  pairs, vpdpbusd for quantised weights' batches;
 * ``avx512`` (AVX-512 F/BW/VL/DQ): bf16 weights widened to fp32 in registers, 16 lanes;
 * ``avx2`` (AVX2 + FMA + F16C): the same, 8 lanes;
 * ``generic`` (anything else: older x86, Arm): plain torch ops, slower but correct.
@@ -41,7 +42,8 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "generic": (),
     "avx2": _AVX2_FLAGS,
     "avx512": _AVX512_FLAGS,
-    "avx512_bf16": (*_AVX512_FLAGS, "avx512_bf16"),
+    # Every CPU with AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4 and 5) has VNNI too.
+    "avx512_bf16": (*_AVX512_FLAGS, "avx512_bf16", "avx512_vnni"),
 }
 #: Words for the log line and /health.
 KERNEL_WORDS = {

@@ -65,7 +65,7 @@ _AVX512 = [*_AVX2, "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"]
 ISA_FLAGS: dict[str, list[str]] = {
     "avx2": _AVX2,
     "avx512": _AVX512,
-    "avx512_bf16": [*_AVX512, "-mavx512bf16"],
+    "avx512_bf16": [*_AVX512, "-mavx512bf16", "-mavx512vnni"],
 }
 #: Longest wait for another process's build of the same folder (a build takes about a minute).
 BUILD_TIMEOUT_SECONDS = 600

@@ -11,6 +11,7 @@
 //   qgemm_i8.h     the same with int8 activations, per weight group
 //   qgemm_super.h  int8 activations per super-block, integer sums (K-quants, GPTQ g128)
 //   qgemm_panels.h the int8 mode's prefill on AVX512-BF16: weight rows dequantised to bf16
+//   qgemm_vnni.h   super-block layouts' batches and prefills as one AVX512-VNNI integer GEMM
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags
 // name its ISA level (cpu_isa.py); the module says which with ``isa`` and ``gemm``.
@@ -50,6 +51,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.attr("quant_panel_min_rows") = kPanelMinRows;
 #else
   m.attr("has_quant_panels") = false;
+#endif
+#if defined(LLM_SUITE_HAS_QGEMM_VNNI)
+  m.attr("vnni_min_rows") = kVnniMinRows;          // groups of 32 (Q4_K, Q5_K, GPTQ g128)
+  m.attr("vnni_min_rows_g16") = kVnniMinRowsG16;  // groups of 16 (Q6_K)
+#else
+  m.attr("vnni_min_rows") = -1;  // no VNNI GEMM in this build
+  m.attr("vnni_min_rows_g16") = -1;
 #endif
 #if defined(LLM_SUITE_HAS_QGEMM_I8)
   m.attr("has_int8_activations") = true;

@@ -11,6 +11,7 @@
 
 #include "qgemm_panels.h"
 #include "qgemm_super.h"
+#include "qgemm_vnni.h"
 
 namespace {
 
@@ -258,6 +259,10 @@ at::Tensor quant_linear_any(const at::Tensor& x, const at::Tensor& codes, int64_
               "16/32, K a multiple of 32, and the vector kernel");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "x must be float32 or bfloat16");
+#if defined(LLM_SUITE_HAS_QGEMM_VNNI)
+  // Batches and prefills of the super-block layouts: one GEMM of vpdpbusd (qgemm_vnni.h).
+  if (takes_vnni(x, w)) return quant_linear_vnni(x, w, bias);
+#endif
 #if defined(LLM_SUITE_HAS_QUANT_PANELS)
   // A prefill's bf16 rows on AVX512-BF16: the weight dequantised to bf16 (qgemm_panels.h).
   if (takes_panels(x, w)) return quant_linear_panels(x, w, bias);

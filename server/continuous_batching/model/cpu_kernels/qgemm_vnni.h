@@ -1,0 +1,285 @@
+// Batches and prefills of the super-block layouts (K-quants, GPTQ g128) with AVX512-VNNI: the
+// integer products of qgemm_super.h, computed as a GEMM instead of row-by-row dot products.
+// vpdpbusd multiplies 64 byte pairs into 16 int32 lanes; on a Zen 5 core it issues twice per
+// cycle (548 GMAC/s a core, against 253 for vdpbf16ps), where the dot-product kernels, which
+// reload every row of x per weight row and sum horizontally, reach about 250 GMAC/s on 2 cores.
+//
+// The lanes are rows of x: x's codes are packed per call as [blocks of 16/P rows][K/4P]
+// [16/P][4P], P consecutive lanes one row's 4P consecutive codes, and a weight column's 4P
+// codes are broadcast to all of them, so each 64-byte load of x serves kVnniCols columns and
+// each broadcast V blocks of rows. A row's P lanes are added up at the end: P = 2 fills the
+// lanes from 8 rows (a decode batch of 8 to 15), P = 1 from 16 and more (a group's int32 sums
+// then cover 16 rows each: half the scale multiplies per product). vpdpbusd takes unsigned weight
+// bytes times signed x: 4-bit codes (0..15) are unpacked as they are; 8-bit codes are stored
+// + 128, which adds 128 sum_g sc_g sum(xq_g), taken off in int32 per super-block, as the
+// offsets' integer sums are (two groups a vpdpwssd, from x's group sums):
+//   y = sum_b d_b dx_b (sum_g sc_g (q_g . xq_g)) - dmin_b dx_b (sum_g m_g sum(xq_g))
+// int32 arithmetic wraps, so the sums are exact whenever the true super-block sum fits (the
+// bounds of qgemm_super.h): the same value as quant_linear_super, up to float summation order.
+#pragma once
+
+#include "qgemm_super.h"
+
+namespace {
+
+#if defined(__AVX512VNNI__) && defined(LLM_SUITE_SUPER_512)
+#define LLM_SUITE_HAS_QGEMM_VNNI 1
+
+// Fewer rows stay on the dot-product kernels, which read each weight byte once and unpack it in
+// registers. The GEMM multiplies each group's sums by its scale (vpmulld): groups of 32 pay it
+// once per 8 vpdpbusd a lane, groups of 16 (Q6_K) once per 4, and win only from more rows
+// (Zen 5, 2 threads, benchmarks/quant_matmul.py: Q4_K 8 rows 306 against 240 GMAC/s).
+constexpr int64_t kVnniMinRows = 8, kVnniMinRowsG16 = 16;
+// Weight columns per register tile: 4 columns x 2 blocks of rows x 3 (group, super-block and
+// float sums) = 24 accumulators, with room for two x vectors and the broadcasts.
+constexpr int kVnniCols = 4;
+
+// x for the kernel: codes, per block of 16/P rows and 4P consecutive k one 64-byte vector;
+// per lane its row's super-block scales, and group sums of codes (unbiased) as int16 pairs in
+// the row's first lane (zero in the others: each row's sums count once).
+struct VnniRows {
+  std::vector<int8_t> codes;  // [blocks][K/4P][16/P][4P]
+  std::vector<float> scale;   // [blocks][K/L][16]
+  std::vector<int32_t> sums;  // [blocks][K/G/2][16]: group 2j low half, 2j + 1 high half
+  int64_t num_blocks;
+};
+
+template <int P>
+VnniRows pack_vnni_rows(const SuperRows& q, int64_t m, int64_t k, int64_t span, int64_t group) {
+  constexpr int RB = 16 / P;
+  const int64_t num_blocks = (m + RB - 1) / RB, ns = k / span, num_pairs = k / group / 2;
+  VnniRows p{std::vector<int8_t>(num_blocks * 16 * k / P, 0),
+             std::vector<float>(num_blocks * ns * 16),
+             std::vector<int32_t>(num_blocks * num_pairs * 16), num_blocks};
+  at::parallel_for(0, m, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t blk = r / RB, lane = (r % RB) * P;
+      const int8_t* src = q.codes.data() + r * k;
+      int8_t* dst = p.codes.data() + blk * RB * k + lane * 4;
+      for (int64_t j = 0; j < k / (4 * P); ++j) std::memcpy(dst + j * 64, src + 4 * P * j, 4 * P);
+      for (int64_t b = 0; b < ns; ++b)
+        for (int i = 0; i < P; ++i) p.scale[(blk * ns + b) * 16 + lane + i] = q.scale[r * ns + b];
+      const int16_t* sums = q.sums.data() + r * num_pairs * 2;
+      for (int64_t j = 0; j < num_pairs; ++j) {
+        const uint32_t lo = static_cast<uint16_t>(sums[2 * j]);
+        const uint32_t hi = static_cast<uint16_t>(sums[2 * j + 1]);
+        p.sums[(blk * num_pairs + j) * 16 + lane] = static_cast<int32_t>(lo | (hi << 16));
+      }
+    }
+  });
+  return p;
+}
+
+// The 4P codes at p as one broadcast to every lane.
+template <int P>
+inline __m512i broadcast_codes(const uint8_t* p) {
+  if constexpr (P == 1) {
+    int32_t v;
+    std::memcpy(&v, p, sizeof(v));
+    return _mm512_set1_epi32(v);
+  } else {
+    static_assert(P == 2, "one or two k-quads a lane");
+    int64_t v;
+    std::memcpy(&v, p, sizeof(v));
+    return _mm512_set1_epi64(v);
+  }
+}
+
+// kVnniCols weight columns made ready for the tile: codes as unsigned bytes (4-bit unpacked,
+// 8-bit + 128), group scales as int32, and as int16 pairs (two groups a 32-bit lane, as x's
+// sums are) each group's multiplier of sum(xq_g): the offset m_g, or 128 sc_g for 8-bit codes.
+struct VnniPanel {
+  std::vector<uint8_t> codes;    // [kVnniCols][K]
+  std::vector<int32_t> sc;       // [kVnniCols][K/G]
+  std::vector<int16_t> mins;     // [kVnniCols][K/G]: m_g (offset layouts)
+  std::vector<int16_t> bias;     // [kVnniCols][K/G]: 128 sc_g (8-bit codes)
+  std::vector<int64_t> columns;  // the weight rows behind the tile's columns
+};
+
+template <int B, bool SIGNED, bool OFFSET>
+void fill_vnni_panel(const QuantWeight& w, int64_t col0, VnniPanel& p) {
+  const int64_t k = w.k, ng = w.num_groups;
+  const int64_t room = kVnniCols * ng + 16;
+  p.codes.resize(kVnniCols * k), p.sc.resize(room), p.columns.resize(kVnniCols);
+  p.mins.resize(OFFSET ? room : 0), p.bias.resize(B == 8 ? room : 0);
+  for (int c = 0; c < kVnniCols; ++c) {
+    const int64_t col = std::min(col0 + c, w.n - 1);  // a short last tile repeats its last column
+    p.columns[c] = col;
+    const uint8_t* codes = w.codes + col * w.row_bytes;
+    uint8_t* dst = p.codes.data() + c * k;
+    if constexpr (B == 4) {
+      const __m256i mask = _mm256_set1_epi8(0x0F);
+      for (int64_t i = 0; i < k / 2; i += 16) {  // byte j of a group: elements j and j + 16
+        const __m256i raw = _mm256_castsi128_si256(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
+        const __m256i both = _mm256_inserti128_si256(raw, _mm_srli_epi16(_mm256_castsi256_si128(raw), 4), 1);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), _mm256_and_si256(both, mask));
+      }
+    } else {
+      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+      for (int64_t i = 0; i < k; i += 64)
+        _mm512_storeu_si512(dst + i, _mm512_xor_si512(_mm512_loadu_si512(codes + i), flip));
+    }
+    const auto* scales = static_cast<const uint8_t*>(w.group_scale) + col * ng;
+    const auto* mins = OFFSET ? static_cast<const uint8_t*>(w.group_offset) + col * ng : nullptr;
+    // 16 groups a step; the arrays have 16 entries of room past the last column's groups.
+    for (int64_t g = 0; g < ng; g += 16) {
+      const bool is_whole = g + 16 <= ng;
+      alignas(16) uint8_t tail[16] = {};
+      if (!is_whole) std::memcpy(tail, scales + g, ng - g);
+      const __m128i bytes = _mm_loadu_si128(
+          reinterpret_cast<const __m128i*>(is_whole ? scales + g : tail));
+      _mm512_storeu_si512(p.sc.data() + c * ng + g,
+                          SIGNED ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes));
+      if constexpr (B == 8) {
+        const __m256i wide = SIGNED ? _mm256_cvtepi8_epi16(bytes) : _mm256_cvtepu8_epi16(bytes);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.bias.data() + c * ng + g),
+                            _mm256_slli_epi16(wide, 7));
+      }
+      if constexpr (OFFSET) {
+        if (!is_whole) std::memcpy(tail, mins + g, ng - g);
+        const __m128i m = _mm_loadu_si128(reinterpret_cast<const __m128i*>(is_whole ? mins + g : tail));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(p.mins.data() + c * ng + g),
+                            _mm256_cvtepu8_epi16(m));
+      }
+    }
+  }
+}
+
+// sum_j pairs[j] . xsum[j] over one super-block's S / 2 group pairs, for a block of 16 rows.
+template <int S>
+inline __m512i pair_sums(const int16_t* pairs, const int32_t* xsum) {
+  __m512i acc = _mm512_setzero_si512();
+  for (int j = 0; j < S / 2; ++j) {
+    int32_t pair;
+    std::memcpy(&pair, pairs + 2 * j, sizeof(pair));
+    acc = _mm512_dpwssd_epi32(acc, _mm512_set1_epi32(pair), _mm512_loadu_si512(xsum + j * 16));
+  }
+  return acc;
+}
+
+// sums[c][v * 16 + l] = weight column c . lane l of x's block blk0 + v, for V blocks.
+template <int B, int G, int S, bool OFFSET, int V, int P>
+void vnni_tile(const QuantWeight& w, const VnniPanel& p, const VnniRows& x, int64_t blk0,
+               float sums[kVnniCols][2 * 16]) {
+  constexpr int C = kVnniCols, L = G * S;
+  static_assert(G % (4 * P) == 0, "a lane's codes lie in one group");
+  const int64_t k = w.k, kq = k / (4 * P), ns = k / L, ng = k / G, np = ng / 2;
+  const auto* xv0 = reinterpret_cast<const __m512i*>(x.codes.data()) + blk0 * kq;
+  const float* xs = x.scale.data() + blk0 * ns * 16;
+  const int32_t* xsum = x.sums.data() + blk0 * np * 16;
+  __m512 total[C][V];
+  for (int c = 0; c < C; ++c)
+    for (int v = 0; v < V; ++v) total[c][v] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < ns; ++b) {
+    __m512i block[C][V];
+    for (int c = 0; c < C; ++c)
+      for (int v = 0; v < V; ++v) block[c][v] = _mm512_setzero_si512();
+    for (int g = 0; g < S; ++g) {
+      const int64_t q0 = (b * L + g * G) / (4 * P);
+      __m512i acc[C][V];
+      for (int c = 0; c < C; ++c)
+        for (int v = 0; v < V; ++v) acc[c][v] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int q = 0; q < G / (4 * P); ++q) {
+        __m512i xv[V];
+        for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_si512(xv0 + v * kq + q0 + q);
+        for (int c = 0; c < C; ++c) {
+          const __m512i wv = broadcast_codes<P>(p.codes.data() + c * k + 4 * P * (q0 + q));
+          for (int v = 0; v < V; ++v) acc[c][v] = _mm512_dpbusd_epi32(acc[c][v], wv, xv[v]);
+        }
+      }
+      for (int c = 0; c < C; ++c) {
+        const __m512i sc = _mm512_set1_epi32(p.sc[c * ng + b * S + g]);
+        for (int v = 0; v < V; ++v)
+          block[c][v] = _mm512_add_epi32(block[c][v], _mm512_mullo_epi32(acc[c][v], sc));
+      }
+    }
+    for (int c = 0; c < C; ++c) {
+      const int64_t col = p.columns[c];
+      const __m512 d = _mm512_set1_ps(w.super_scale[col * ns + b]);
+      const __m512 dmin = _mm512_set1_ps(OFFSET ? w.super_offset[col * ns + b] : 0.0f);
+      for (int v = 0; v < V; ++v) {
+        const int32_t* sums_b = xsum + (v * np + b * S / 2) * 16;
+        __m512i exact = block[c][v];
+        if constexpr (B == 8)  // the codes' + 128
+          exact = _mm512_sub_epi32(exact, pair_sums<S>(p.bias.data() + c * ng + b * S, sums_b));
+        const __m512 dx = _mm512_loadu_ps(xs + (v * ns + b) * 16);
+        total[c][v] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(dx, d), total[c][v]);
+        if constexpr (OFFSET) {
+          const __m512i offsets = pair_sums<S>(p.mins.data() + c * ng + b * S, sums_b);
+          total[c][v] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(offsets), _mm512_mul_ps(dx, dmin),
+                                         total[c][v]);
+        }
+      }
+    }
+  }
+  for (int c = 0; c < C; ++c)
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(sums[c] + v * 16, total[c][v]);
+}
+
+inline bool takes_vnni(const at::Tensor& x, const QuantWeight& w) {
+  return x.size(0) >= (w.group == 16 ? kVnniMinRowsG16 : kVnniMinRows) && super_layout(w);
+}
+
+// Every block of x's rows against weight columns [col0, col0 + cols), written to the sink.
+template <int B, int G, int S, bool OFFSET, int P>
+void vnni_columns(const QuantWeight& w, const VnniPanel& panel, const VnniRows& xp, int64_t m,
+                  int64_t col0, int64_t cols, const QuantOut& sink) {
+  constexpr int RB = 16 / P;
+  float sums[kVnniCols][2 * 16];
+  for (int64_t blk = 0; blk < xp.num_blocks; blk += 2) {
+    const bool is_pair = blk + 1 < xp.num_blocks;
+    if (is_pair)
+      vnni_tile<B, G, S, OFFSET, 2, P>(w, panel, xp, blk, sums);
+    else
+      vnni_tile<B, G, S, OFFSET, 1, P>(w, panel, xp, blk, sums);
+    const int64_t num_rows = std::min<int64_t>(is_pair ? 2 * RB : RB, m - blk * RB);
+    for (int64_t i = 0; i < num_rows; ++i) {
+      const float* lanes = &sums[0][0] + (i / RB) * 16 + (i % RB) * P;
+      for (int64_t c = 0; c < cols; ++c) {
+        float y = 0.0f;
+        for (int j = 0; j < P; ++j) y += lanes[c * 2 * 16 + j];
+        sink.put(blk * RB + i, col0 + c, y);
+      }
+    }
+  }
+}
+
+// y = x . W^T (+ bias) with x quantised per super-block; the caller checked takes_vnni(x, w).
+at::Tensor quant_linear_vnni(const at::Tensor& x, const QuantWeight& w,
+                             const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "x must be [M, K]");
+  const auto xf = x.to(at::kFloat).contiguous();
+  const int64_t m = x.size(0), n = w.n, k = w.k;
+  auto out = at::empty({m, n}, x.options());
+  if (m == 0 || n == 0) return out;
+  const at::Tensor bias_f = float_bias(bias, n);
+  const QuantOut sink = sink_of(out, bias_f);
+  with_super_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
+    constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
+    constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
+    const SuperRows xq = quantize_super(xf.data_ptr<float>(), m, k, G * S, G, false);
+    // Blocks of 16 rows from 16 rows up, of 8 rows (two k-quads a lane each) below.
+    const auto run = [&](auto lanes_per_row) {
+      constexpr int P = decltype(lanes_per_row)::value;
+      const VnniRows xp = pack_vnni_rows<P>(xq, m, k, G * S, G);
+      at::parallel_for(0, (n + kVnniCols - 1) / kVnniCols, 1, [&](int64_t t0, int64_t t1) {
+        VnniPanel panel;
+        for (int64_t t = t0; t < t1; ++t) {
+          const int64_t col0 = t * kVnniCols, cols = std::min<int64_t>(kVnniCols, n - col0);
+          fill_vnni_panel<B, SIGNED, OFFSET>(w, col0, panel);
+          vnni_columns<B, G, S, OFFSET, P>(w, panel, xp, m, col0, cols, sink);
+        }
+      });
+    };
+    if (m >= 16)
+      run(Const<1>{});
+    else
+      run(Const<2>{});
+  });
+  return out;
+}
+#endif
+
+}  // namespace
