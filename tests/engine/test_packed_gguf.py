@@ -189,10 +189,12 @@ def test_vnni_gemm_equals_the_integer_kernels(kernels, qtype, rows, dtype) -> No
     scale = expected.abs().max().item()
     assert got.dtype == dtype and got.shape == (rows, 23)
     assert (got.double() - expected).abs().max().item() <= tolerance * scale
-    dots = torch.cat([
-        _quant_linear(kernels, x[i : i + 4], weight, bias, is_int8_activations=True)
-        for i in range(0, rows, 4)
-    ])
+    dots = torch.cat(
+        [
+            _quant_linear(kernels, x[i : i + 4], weight, bias, is_int8_activations=True)
+            for i in range(0, rows, 4)
+        ]
+    )
     assert (got.double() - dots.double()).abs().max().item() <= tolerance * scale
     if kernels.__name__.endswith("avx512_bf16"):  # every AVX512-BF16 CPU has VNNI, its build too
         assert _takes_vnni(kernels, qtype, 16) and not _takes_vnni(kernels, qtype, 7)
