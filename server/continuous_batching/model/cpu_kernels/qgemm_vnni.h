@@ -8,7 +8,7 @@
 // [16/P][4P], P consecutive lanes one row's 4P consecutive codes, and a weight column's 4P
 // codes are broadcast to all of them, so each 64-byte load of x serves kVnniCols columns and
 // each broadcast V blocks of rows. A row's P lanes are added up at the end: P = 2 fills the
-// lanes from 8 rows (a decode batch of 8 to 15), P = 1 from 16 and more (a group's int32 sums
+// lanes from 8 rows (a decode batch of 12 to 15), P = 1 from 16 and more (a group's int32 sums
 // then cover 16 rows each: half the scale multiplies per product). vpdpbusd takes unsigned weight
 // bytes times signed x: 4-bit codes (0..15) are unpacked as they are; 8-bit codes are stored
 // + 128, which adds 128 sum_g sc_g sum(xq_g), taken off in int32 per super-block, as the
@@ -27,9 +27,11 @@ namespace {
 
 // Fewer rows stay on the dot-product kernels, which read each weight byte once and unpack it in
 // registers. The GEMM multiplies each group's sums by its scale (vpmulld): groups of 32 pay it
-// once per 8 vpdpbusd a lane, groups of 16 (Q6_K) once per 4, and win only from more rows
-// (Zen 5, 2 threads, benchmarks/quant_matmul.py: Q4_K 8 rows 306 against 240 GMAC/s).
-constexpr int64_t kVnniMinRows = 8, kVnniMinRowsG16 = 16;
+// once per 8 vpdpbusd a lane, groups of 16 (Q6_K) once per 4, and win only from more rows.
+// Zen 5, 2 threads, weights streamed from memory as in decode (GMAC/s, this against them):
+// Q4_K 8 rows 203 vs 220, 12 rows 241 vs 228, 16 rows 284 vs 216; Q6_K 16 rows 194 vs 200,
+// 32 rows 306 vs 263 (the bf16 panels).
+constexpr int64_t kVnniMinRows = 12, kVnniMinRowsG16 = 32;
 // Weight columns per register tile: 4 columns x 2 blocks of rows x 3 (group, super-block and
 // float sums) = 24 accumulators, with room for two x vectors and the broadcasts.
 constexpr int kVnniCols = 4;
@@ -222,6 +224,17 @@ inline bool takes_vnni(const at::Tensor& x, const QuantWeight& w) {
   return x.size(0) >= (w.group == 16 ? kVnniMinRowsG16 : kVnniMinRows) && super_layout(w);
 }
 
+// The next tile's weight rows, codes and scales, into L2 while this tile computes: a decode
+// batch reads the weight from memory once, and without this the GEMM waited on its loads (8
+// rows, Q4_K, weights streamed from memory: 164 GMAC/s against 220 for qgemm_super.h).
+inline void prefetch_columns(const QuantWeight& w, int64_t col0) {
+  for (int64_t col = col0; col < std::min(w.n, col0 + kVnniCols); ++col) {
+    const char* codes = reinterpret_cast<const char*>(w.codes + col * w.row_bytes);
+    for (int64_t i = 0; i < w.row_bytes; i += 64) __builtin_prefetch(codes + i, 0, 2);
+    prefetch_scales(w, col);
+  }
+}
+
 // Every block of x's rows against weight columns [col0, col0 + cols), written to the sink.
 template <int B, int G, int S, bool OFFSET, int P>
 void vnni_columns(const QuantWeight& w, const VnniPanel& panel, const VnniRows& xp, int64_t m,
@@ -268,6 +281,7 @@ at::Tensor quant_linear_vnni(const at::Tensor& x, const QuantWeight& w,
         VnniPanel panel;
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t col0 = t * kVnniCols, cols = std::min<int64_t>(kVnniCols, n - col0);
+          if (t + 1 < t1) prefetch_columns(w, col0 + kVnniCols);
           fill_vnni_panel<B, SIGNED, OFFSET>(w, col0, panel);
           vnni_columns<B, G, S, OFFSET, P>(w, panel, xp, m, col0, cols, sink);
         }
