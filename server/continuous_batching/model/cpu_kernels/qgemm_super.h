@@ -278,7 +278,11 @@ void super_block_512(const QuantWeight& w, const SuperRows& xq, int64_t r0, int6
           const __m512i signed_x = _mm512_mask_sub_epi8(xv, negative, _mm512_setzero_si512(), xv);
           pairs = _mm512_maddubs_epi16(magnitude, signed_x);
         }
+#if defined(__AVX512VNNI__)
+        acc[r] = _mm512_dpwssd_epi32(acc[r], pairs, scale);  // the madd and add in one
+#else
         acc[r] = _mm512_add_epi32(acc[r], _mm512_madd_epi16(pairs, scale));
+#endif
       }
     }
     __m128i m16[Lay::kHalves];
