@@ -12,7 +12,7 @@ from server.continuous_batching.model.linear import choose_packing
 
 EPYC_AVX2 = "fpu sse sse2 ssse3 sse4_1 sse4_2 avx f16c fma avx2 bmi2"  # no avx512 at all
 SKYLAKE_X = EPYC_AVX2 + " avx512f avx512cd avx512bw avx512dq avx512vl"
-SAPPHIRE_RAPIDS = SKYLAKE_X + " avx512_bf16 amx_tile amx_bf16 amx_int8"
+SAPPHIRE_RAPIDS = SKYLAKE_X + " avx512_vnni avx512_bf16 amx_tile amx_bf16 amx_int8"
 CPU = torch.device("cpu")
 
 
@@ -26,6 +26,8 @@ def features(flags: str, machine: str = "x86_64") -> CpuFeatures:
         (EPYC_AVX2, "x86_64", "avx2"),
         (SKYLAKE_X, "x86_64", "avx512"),
         (SAPPHIRE_RAPIDS, "x86_64", "avx512_bf16"),
+        # The avx512_bf16 build multiplies quantised batches with VNNI (qgemm_vnni.h).
+        (SKYLAKE_X + " avx512_bf16", "x86_64", "avx512"),
         ("fpu sse sse2 avx", "x86_64", "generic"),  # AVX without AVX2
         ("avx2 fma", "x86_64", "generic"),  # no F16C: the AVX2 build's flags need it
         ("fp asimd bf16 sve", "aarch64", "generic"),  # Arm: torch ops
