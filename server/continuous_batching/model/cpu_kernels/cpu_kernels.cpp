@@ -10,7 +10,7 @@
 //   qgemm.h        the matmul of weights kept quantised (repacked GGUF types)
 //   qgemm_i8.h     the same with int8 activations, per weight group
 //   qgemm_super.h  int8 activations per super-block, integer sums (K-quants, GPTQ g128)
-//   qgemm_panels.h the int8 mode's prefill on AVX512-BF16: weight rows dequantised to bf16
+//   qgemm_panels.h the int8 mode's prefill on AVX512-BF16 (Q8_0, Q4_0, Q4_1): weights as bf16
 //   qgemm_vnni.h   super-block layouts' batches and prefills as one AVX512-VNNI integer GEMM
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags

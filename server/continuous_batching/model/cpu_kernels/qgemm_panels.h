@@ -3,7 +3,9 @@
 // * code - offset in float32, rounded to nearest even) and multiplied with vdpbf16ps, which
 // multiplies bf16 pairs exactly and sums in float32. The integer kernels (qgemm_super.h) reach
 // about 250 GMAC/s on a 2-core Zen 5 where vdpbf16ps reaches about 490, and dequantising a
-// weight row costs a handful of vector ops per 16 weights, shared by every row of x.
+// weight row costs a handful of vector ops per 16 weights, shared by every row of x. The
+// super-block layouts (K-quants, GPTQ g128) go to the VNNI GEMM instead (qgemm_vnni.h, about
+// 550 GMAC/s there); these panels serve the per-group layouts (Q8_0, Q4_0, Q4_1).
 //
 // The product is computed transposed, out^T = W . x^T: x is packed once per call into the bf16
 // matmul's column-block layout (gemm.h: 16 rows of x a block, K pairs in 32-bit lanes), so a
