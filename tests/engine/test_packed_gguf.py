@@ -201,12 +201,13 @@ def test_vnni_gemm_equals_the_integer_kernels(kernels, qtype, rows, dtype) -> No
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=IDS)
-@pytest.mark.parametrize("rows", [31, 40], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("rows", [31, 40, 64], ids=lambda m: f"m{m}")
 def test_int8_mode_prefill_on_bf16_builds_multiplies_bf16_weights(kernels, qtype, rows) -> None:
     """The int8 mode's prefill (``qgemm_panels.h``): on AVX512-BF16 builds, 32 or more bf16
     rows multiply the weight dequantised to bf16 (exact bf16 products, float32 sums), except
     the K-quants, which the VNNI GEMM takes in integers; fewer rows, and builds without
-    AVX512-BF16, quantise x as the integer kernels do."""
+    AVX512-BF16, quantise x as the integer kernels do. 64 rows: four blocks of 16 rows, taken
+    as two tiles of two."""
     assert kernels.has_int8_activations
     rng = np.random.default_rng(rows + int(qtype))
     weight = repack(random_blocks(qtype, 21, _k_for(qtype, 2), rng), qtype)
