@@ -219,14 +219,11 @@ void quant_i8_rows(const QuantWeight& w, const QuantizedRows& xq, int64_t r, int
 // y = x . W^T (+ bias) with int8 activations; the caller checked int8_layout(w).
 at::Tensor quant_linear_i8(const at::Tensor& x, const QuantWeight& w,
                            const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "x must be [M, K]");
-  const auto xf = x.to(at::kFloat).contiguous();
-  const int64_t m = x.size(0), n = w.n, ng = w.num_groups;
-  auto out = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return out;
-  const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), m, w.k, w.group);
-  const at::Tensor bias_f = float_bias(bias, n);
-  const QuantOut sink = sink_of(out, bias_f);
+  const QuantCall call = begin_quant_call(x, w, bias);
+  if (call.is_empty()) return call.out;
+  const int64_t m = call.m, n = call.n, ng = w.num_groups;
+  const QuantizedRows xq = quantize_rows(call.xf.data_ptr<float>(), m, w.k, w.group);
+  const QuantOut& sink = call.sink;
   at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
     // s and o of up to two columns, and their products with up to four rows' x scales.
     std::vector<float> scratch((2 + kQuantTileRows) * 2 * ng);
@@ -236,7 +233,7 @@ at::Tensor quant_linear_i8(const at::Tensor& x, const QuantWeight& w,
         quant_i8_rows(w, xq, r, std::min(kQuantTileRows, m - r), col0, col1, scratch.data(), sink);
     }
   });
-  return out;
+  return call.out;
 }
 #endif
 

@@ -354,17 +354,14 @@ inline bool super_layout(const QuantWeight& w) {
 // y = x . W^T (+ bias) with x quantised per super-block; the caller checked super_layout(w).
 at::Tensor quant_linear_super(const at::Tensor& x, const QuantWeight& w,
                               const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "x must be [M, K]");
-  const auto xf = x.to(at::kFloat).contiguous();
-  const int64_t m = x.size(0), n = w.n;
-  auto out = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return out;
-  const at::Tensor bias_f = float_bias(bias, n);
-  const QuantOut sink = sink_of(out, bias_f);
+  const QuantCall call = begin_quant_call(x, w, bias);
+  if (call.is_empty()) return call.out;
+  const int64_t m = call.m, n = call.n;
+  const QuantOut& sink = call.sink;
   with_super_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
     constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
     constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
-    const SuperRows xq = quantize_super(xf.data_ptr<float>(), m, w.k, G * S, G, B == 4);
+    const SuperRows xq = quantize_super(call.xf.data_ptr<float>(), m, w.k, G * S, G, B == 4);
     at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t chunk = c0; chunk < c1; ++chunk) {
         const int64_t col0 = chunk * kQuantColumns, col1 = std::min(n, col0 + kQuantColumns);
@@ -379,7 +376,7 @@ at::Tensor quant_linear_super(const at::Tensor& x, const QuantWeight& w,
       }
     });
   });
-  return out;
+  return call.out;
 }
 #endif
 

@@ -262,17 +262,14 @@ void vnni_columns(const QuantWeight& w, const VnniPanel& panel, const VnniRows& 
 // y = x . W^T (+ bias) with x quantised per super-block; the caller checked takes_vnni(x, w).
 at::Tensor quant_linear_vnni(const at::Tensor& x, const QuantWeight& w,
                              const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "x must be [M, K]");
-  const auto xf = x.to(at::kFloat).contiguous();
-  const int64_t m = x.size(0), n = w.n, k = w.k;
-  auto out = at::empty({m, n}, x.options());
-  if (m == 0 || n == 0) return out;
-  const at::Tensor bias_f = float_bias(bias, n);
-  const QuantOut sink = sink_of(out, bias_f);
+  const QuantCall call = begin_quant_call(x, w, bias);
+  if (call.is_empty()) return call.out;
+  const int64_t m = call.m, n = call.n, k = w.k;
+  const QuantOut& sink = call.sink;
   with_super_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
     constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
     constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
-    const SuperRows xq = quantize_super(xf.data_ptr<float>(), m, k, G * S, G, false);
+    const SuperRows xq = quantize_super(call.xf.data_ptr<float>(), m, k, G * S, G, false);
     // Blocks of 16 rows from 16 rows up, of 8 rows (two k-quads a lane each) below.
     const auto run = [&](auto lanes_per_row) {
       constexpr int P = decltype(lanes_per_row)::value;
@@ -292,7 +289,7 @@ at::Tensor quant_linear_vnni(const at::Tensor& x, const QuantWeight& w,
     else
       run(Const<2>{});
   });
-  return out;
+  return call.out;
 }
 #endif
 
