@@ -29,9 +29,9 @@ namespace {
 // registers. The GEMM multiplies each group's sums by its scale (vpmulld): groups of 32 pay it
 // once per 8 vpdpbusd a lane, groups of 16 (Q6_K) once per 4, and win only from more rows.
 // Zen 5, 2 threads, weights streamed from memory as in decode (GMAC/s, this against them):
-// Q4_K 8 rows 203 vs 220, 12 rows 241 vs 228, 16 rows 284 vs 216; Q6_K 16 rows 194 vs 200,
-// 32 rows 306 vs 263 (the bf16 panels).
-constexpr int64_t kVnniMinRows = 12, kVnniMinRowsG16 = 32;
+// Q4_K 8 rows 231-243 vs 219-233, 10 rows 215-224 vs 219-230; Q6_K 12 rows 198-214 vs 215-235,
+// 16 rows 267-291 vs 215-218, 24 rows 324-332 vs 228-242.
+constexpr int64_t kVnniMinRows = 12, kVnniMinRowsG16 = 16;
 // Weight columns per register tile: 4 columns x 2 blocks of rows x 3 (group, super-block and
 // float sums) = 24 accumulators, with room for two x vectors and the broadcasts.
 constexpr int kVnniCols = 4;
@@ -87,41 +87,71 @@ inline __m512i broadcast_codes(const uint8_t* p) {
   }
 }
 
-// kVnniCols weight columns made ready for the tile: codes as unsigned bytes (4-bit unpacked,
-// 8-bit + 128), group scales as int32, and as int16 pairs (two groups a 32-bit lane, as x's
-// sums are) each group's multiplier of sum(xq_g): the offset m_g, or 128 sc_g for 8-bit codes.
+// kVnniCols weight columns made ready for the tile. Codes as unsigned bytes (4-bit unpacked,
+// 8-bit + 128), interleaved [K/4P][kVnniCols][4P] so that one pointer with constant offsets
+// reaches every broadcast of a k-step. Group scales as int32, and as int16 pairs (two groups a
+// 32-bit lane, as x's sums are) each group's multiplier of sum(xq_g): the offset m_g, or 128 sc_g
+// for 8-bit codes.
 struct VnniPanel {
-  std::vector<uint8_t> codes;    // [kVnniCols][K]
+  std::vector<uint8_t> codes;    // [K/4P][kVnniCols][4P]
   std::vector<int32_t> sc;       // [kVnniCols][K/G]
   std::vector<int16_t> mins;     // [kVnniCols][K/G]: m_g (offset layouts)
   std::vector<int16_t> bias;     // [kVnniCols][K/G]: 128 sc_g (8-bit codes)
   std::vector<int64_t> columns;  // the weight rows behind the tile's columns
 };
 
-template <int B, bool SIGNED, bool OFFSET>
+// 32 consecutive codes of a weight row from code u * 32, as unsigned bytes.
+template <int B>
+inline __m256i code_unit(const uint8_t* codes, int64_t u) {
+  if constexpr (B == 4) {  // byte j of a group of 32: elements j and j + 16
+    const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + u * 16));
+    const __m256i both = _mm256_inserti128_si256(_mm256_castsi128_si256(raw), _mm_srli_epi16(raw, 4), 1);
+    return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+  } else {
+    const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + u * 32));
+    return _mm256_xor_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)));
+  }
+}
+
+// Four columns' 32 codes (a unit each) stored interleaved, 4P bytes of each column in turn.
+template <int P>
+inline void interleave_unit(const __m256i v[4], uint8_t* dst) {
+  __m256i t0, t1, t2, t3;
+  if constexpr (P == 1) {  // a 4 x 8 transpose of dwords
+    const __m256i a = _mm256_unpacklo_epi32(v[0], v[1]), b = _mm256_unpackhi_epi32(v[0], v[1]);
+    const __m256i c = _mm256_unpacklo_epi32(v[2], v[3]), d = _mm256_unpackhi_epi32(v[2], v[3]);
+    t0 = _mm256_unpacklo_epi64(a, c), t1 = _mm256_unpackhi_epi64(a, c);  // k-quads 0 1 | 4 5
+    t2 = _mm256_unpacklo_epi64(b, d), t3 = _mm256_unpackhi_epi64(b, d);  // k-quads 2 3 | 6 7
+  } else {  // a 4 x 4 transpose of qwords
+    t0 = _mm256_unpacklo_epi64(v[0], v[1]), t1 = _mm256_unpacklo_epi64(v[2], v[3]);  // 0 | 2
+    t2 = _mm256_unpackhi_epi64(v[0], v[1]), t3 = _mm256_unpackhi_epi64(v[2], v[3]);  // 1 | 3
+  }
+  auto* out = reinterpret_cast<__m256i*>(dst);
+  _mm256_storeu_si256(out + 0, _mm256_permute2x128_si256(t0, t1, 0x20));
+  _mm256_storeu_si256(out + 1, _mm256_permute2x128_si256(t2, t3, 0x20));
+  _mm256_storeu_si256(out + 2, _mm256_permute2x128_si256(t0, t1, 0x31));
+  _mm256_storeu_si256(out + 3, _mm256_permute2x128_si256(t2, t3, 0x31));
+}
+
+template <int B, int P, bool SIGNED, bool OFFSET>
 void fill_vnni_panel(const QuantWeight& w, int64_t col0, VnniPanel& p) {
+  static_assert(kVnniCols == 4, "interleave_unit takes four columns");
   const int64_t k = w.k, ng = w.num_groups;
   const int64_t room = kVnniCols * ng + 16;
   p.codes.resize(kVnniCols * k), p.sc.resize(room), p.columns.resize(kVnniCols);
   p.mins.resize(OFFSET ? room : 0), p.bias.resize(B == 8 ? room : 0);
+  for (int c = 0; c < kVnniCols; ++c)  // a short last tile repeats its last column
+    p.columns[c] = std::min(col0 + c, w.n - 1);
+  const uint8_t* rows[kVnniCols];
+  for (int c = 0; c < kVnniCols; ++c) rows[c] = w.codes + p.columns[c] * w.row_bytes;
+  uint8_t* dst = p.codes.data();
+  for (int64_t u = 0; u < k / 32; ++u) {
+    __m256i v[kVnniCols];
+    for (int c = 0; c < kVnniCols; ++c) v[c] = code_unit<B>(rows[c], u);
+    interleave_unit<P>(v, dst + u * 32 * kVnniCols);
+  }
   for (int c = 0; c < kVnniCols; ++c) {
-    const int64_t col = std::min(col0 + c, w.n - 1);  // a short last tile repeats its last column
-    p.columns[c] = col;
-    const uint8_t* codes = w.codes + col * w.row_bytes;
-    uint8_t* dst = p.codes.data() + c * k;
-    if constexpr (B == 4) {
-      const __m256i mask = _mm256_set1_epi8(0x0F);
-      for (int64_t i = 0; i < k / 2; i += 16) {  // byte j of a group: elements j and j + 16
-        const __m256i raw = _mm256_castsi128_si256(
-            _mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + i)));
-        const __m256i both = _mm256_inserti128_si256(raw, _mm_srli_epi16(_mm256_castsi256_si128(raw), 4), 1);
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * i), _mm256_and_si256(both, mask));
-      }
-    } else {
-      const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
-      for (int64_t i = 0; i < k; i += 64)
-        _mm512_storeu_si512(dst + i, _mm512_xor_si512(_mm512_loadu_si512(codes + i), flip));
-    }
+    const int64_t col = p.columns[c];
     const auto* scales = static_cast<const uint8_t*>(w.group_scale) + col * ng;
     const auto* mins = OFFSET ? static_cast<const uint8_t*>(w.group_offset) + col * ng : nullptr;
     // 16 groups a step; the arrays have 16 entries of room past the last column's groups.
@@ -160,17 +190,28 @@ inline __m512i pair_sums(const int16_t* pairs, const int32_t* xsum) {
   return acc;
 }
 
-// sums[c][v * 16 + l] = weight column c . lane l of x's block blk0 + v, for V blocks.
+// Where the next tile's weight bytes are fetched from, a few lines per group of this one: a
+// decode batch reads the weight from memory once, and fetched all at once at a tile's start
+// the lines stalled the next fill (a fifth of a 32-row decode step under perf).
+struct VnniPrefetch {
+  const char* next = nullptr;  // nullptr: nothing to fetch
+  int64_t lines_per_group = 0;
+  void at_group(int64_t gi) const {
+    for (int64_t j = 0; next && j < lines_per_group; ++j)
+      __builtin_prefetch(next + (gi * lines_per_group + j) * 64, 0, 2);
+  }
+};
+
+// total[c][v] lane l = weight column c . lane l of x's block blk0 + v, for V blocks.
 template <int B, int G, int S, bool OFFSET, int V, int P>
 void vnni_tile(const QuantWeight& w, const VnniPanel& p, const VnniRows& x, int64_t blk0,
-               float sums[kVnniCols][2 * 16]) {
-  constexpr int C = kVnniCols, L = G * S;
+               const VnniPrefetch& pf, __m512 total[kVnniCols][2]) {
+  constexpr int C = kVnniCols, L = G * S, Q = G / (4 * P);
   static_assert(G % (4 * P) == 0, "a lane's codes lie in one group");
   const int64_t k = w.k, kq = k / (4 * P), ns = k / L, ng = k / G, np = ng / 2;
-  const auto* xv0 = reinterpret_cast<const __m512i*>(x.codes.data()) + blk0 * kq;
+  const __m512i* xv0 = reinterpret_cast<const __m512i*>(x.codes.data()) + blk0 * kq;
   const float* xs = x.scale.data() + blk0 * ns * 16;
   const int32_t* xsum = x.sums.data() + blk0 * np * 16;
-  __m512 total[C][V];
   for (int c = 0; c < C; ++c)
     for (int v = 0; v < V; ++v) total[c][v] = _mm512_setzero_ps();
   for (int64_t b = 0; b < ns; ++b) {
@@ -178,21 +219,24 @@ void vnni_tile(const QuantWeight& w, const VnniPanel& p, const VnniRows& x, int6
     for (int c = 0; c < C; ++c)
       for (int v = 0; v < V; ++v) block[c][v] = _mm512_setzero_si512();
     for (int g = 0; g < S; ++g) {
-      const int64_t q0 = (b * L + g * G) / (4 * P);
+      const int64_t gi = b * S + g;
+      pf.at_group(gi);
+      const __m512i* xg = xv0 + gi * Q;
+      const uint8_t* wg = p.codes.data() + gi * G * C;
       __m512i acc[C][V];
       for (int c = 0; c < C; ++c)
         for (int v = 0; v < V; ++v) acc[c][v] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int q = 0; q < G / (4 * P); ++q) {
+      for (int q = 0; q < Q; ++q) {
         __m512i xv[V];
-        for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_si512(xv0 + v * kq + q0 + q);
+        for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_si512(xg + v * kq + q);
         for (int c = 0; c < C; ++c) {
-          const __m512i wv = broadcast_codes<P>(p.codes.data() + c * k + 4 * P * (q0 + q));
+          const __m512i wv = broadcast_codes<P>(wg + (q * C + c) * 4 * P);
           for (int v = 0; v < V; ++v) acc[c][v] = _mm512_dpbusd_epi32(acc[c][v], wv, xv[v]);
         }
       }
       for (int c = 0; c < C; ++c) {
-        const __m512i sc = _mm512_set1_epi32(p.sc[c * ng + b * S + g]);
+        const __m512i sc = _mm512_set1_epi32(p.sc[c * ng + gi]);
         for (int v = 0; v < V; ++v)
           block[c][v] = _mm512_add_epi32(block[c][v], _mm512_mullo_epi32(acc[c][v], sc));
       }
@@ -216,45 +260,82 @@ void vnni_tile(const QuantWeight& w, const VnniPanel& p, const VnniRows& x, int6
       }
     }
   }
-  for (int c = 0; c < C; ++c)
-    for (int v = 0; v < V; ++v) _mm512_storeu_ps(sums[c] + v * 16, total[c][v]);
 }
 
 inline bool takes_vnni(const at::Tensor& x, const QuantWeight& w) {
   return x.size(0) >= (w.group == 16 ? kVnniMinRowsG16 : kVnniMinRows) && super_layout(w);
 }
 
-// The next tile's weight rows, codes and scales, into L2 while this tile computes: a decode
-// batch reads the weight from memory once, and without this the GEMM waited on its loads (8
-// rows, Q4_K, weights streamed from memory: 164 GMAC/s against 220 for qgemm_super.h).
-inline void prefetch_columns(const QuantWeight& w, int64_t col0) {
-  for (int64_t col = col0; col < std::min(w.n, col0 + kVnniCols); ++col) {
-    const char* codes = reinterpret_cast<const char*>(w.codes + col * w.row_bytes);
-    for (int64_t i = 0; i < w.row_bytes; i += 64) __builtin_prefetch(codes + i, 0, 2);
-    prefetch_scales(w, col);
+// Rows [row0, row0 + num_rows) (at most 16, lane i row row0 + i) of the tile's columns from
+// col0 into the output. Four whole columns are transposed so that each row's four values go out
+// as one bias add and one store (the outputs one at a time cost a tenth of a 32-row GEMM).
+inline void put_rows(const __m512 sums[kVnniCols], int64_t row0, int64_t num_rows, int64_t col0,
+                     int64_t cols, const QuantOut& sink) {
+  alignas(64) float out[4][16];
+  if (cols < 4) {
+    for (int c = 0; c < cols; ++c) _mm512_store_ps(out[c], sums[c]);
+    for (int64_t i = 0; i < num_rows; ++i)
+      for (int c = 0; c < cols; ++c) sink.put(row0 + i, col0 + c, out[c][i]);
+    return;
   }
+  static_assert(kVnniCols == 4, "a row's columns are one 128-bit lane");
+  const auto lo = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  const auto hi = [](__m512 a, __m512 b) {
+    return _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(a), _mm512_castps_pd(b)));
+  };
+  const __m512 ab = _mm512_unpacklo_ps(sums[0], sums[1]), ab2 = _mm512_unpackhi_ps(sums[0], sums[1]);
+  const __m512 cd = _mm512_unpacklo_ps(sums[2], sums[3]), cd2 = _mm512_unpackhi_ps(sums[2], sums[3]);
+  __m512 rows[4] = {lo(ab, cd), hi(ab, cd), lo(ab2, cd2), hi(ab2, cd2)};  // lane i: row 4 i + j
+  const __m512 bias = sink.bias ? _mm512_broadcast_f32x4(_mm_loadu_ps(sink.bias + col0))
+                                : _mm512_setzero_ps();
+  for (int j = 0; j < 4; ++j) _mm512_store_ps(out[j], _mm512_add_ps(rows[j], bias));
+  for (int64_t i = 0; i < num_rows; ++i) {
+    const float* y = out[i % 4] + (i / 4) * 4;
+    if (sink.bf16) {
+      at::BFloat16* dst = sink.bf16 + (row0 + i) * sink.n + col0;
+      for (int c = 0; c < 4; ++c) dst[c] = c10::BFloat16(y[c]);  // nearest even
+    } else {
+      std::memcpy(sink.f32 + (row0 + i) * sink.n + col0, y, 4 * sizeof(float));
+    }
+  }
+}
+
+// Two blocks of 8 rows with two lanes a row (P = 2) as one vector of 16 rows.
+inline __m512 merge_lane_pairs(__m512 first, __m512 second) {
+  const __m512 a = _mm512_add_ps(first, _mm512_permute_ps(first, 0xB1));  // lane 2i: row i
+  const __m512 b = _mm512_add_ps(second, _mm512_permute_ps(second, 0xB1));
+  const __m512 lo = _mm512_maskz_compress_ps(0x5555, a), hi = _mm512_maskz_compress_ps(0x5555, b);
+  return _mm512_insertf32x8(lo, _mm512_castps512_ps256(hi), 1);
 }
 
 // Every block of x's rows against weight columns [col0, col0 + cols), written to the sink.
 template <int B, int G, int S, bool OFFSET, int P>
 void vnni_columns(const QuantWeight& w, const VnniPanel& panel, const VnniRows& xp, int64_t m,
-                  int64_t col0, int64_t cols, const QuantOut& sink) {
+                  int64_t col0, int64_t cols, const VnniPrefetch& pf, const QuantOut& sink) {
   constexpr int RB = 16 / P;
-  float sums[kVnniCols][2 * 16];
   for (int64_t blk = 0; blk < xp.num_blocks; blk += 2) {
     const bool is_pair = blk + 1 < xp.num_blocks;
+    __m512 total[kVnniCols][2];
+    // The next tile's lines are fetched during the first pass over this panel only.
+    const VnniPrefetch none{};
+    const VnniPrefetch& fetch = blk == 0 ? pf : none;
     if (is_pair)
-      vnni_tile<B, G, S, OFFSET, 2, P>(w, panel, xp, blk, sums);
+      vnni_tile<B, G, S, OFFSET, 2, P>(w, panel, xp, blk, fetch, total);
     else
-      vnni_tile<B, G, S, OFFSET, 1, P>(w, panel, xp, blk, sums);
-    const int64_t num_rows = std::min<int64_t>(is_pair ? 2 * RB : RB, m - blk * RB);
-    for (int64_t i = 0; i < num_rows; ++i) {
-      const float* lanes = &sums[0][0] + (i / RB) * 16 + (i % RB) * P;
-      for (int64_t c = 0; c < cols; ++c) {
-        float y = 0.0f;
-        for (int j = 0; j < P; ++j) y += lanes[c * 2 * 16 + j];
-        sink.put(blk * RB + i, col0 + c, y);
-      }
+      vnni_tile<B, G, S, OFFSET, 1, P>(w, panel, xp, blk, fetch, total);
+    const int64_t row0 = blk * RB, num_rows = std::min<int64_t>(is_pair ? 2 * RB : RB, m - row0);
+    __m512 sums[kVnniCols];
+    if constexpr (P == 2) {
+      for (int c = 0; c < kVnniCols; ++c)
+        sums[c] = merge_lane_pairs(total[c][0], is_pair ? total[c][1] : _mm512_setzero_ps());
+      put_rows(sums, row0, num_rows, col0, cols, sink);
+      continue;
+    }
+    for (int v = 0; v < (is_pair ? 2 : 1); ++v) {
+      for (int c = 0; c < kVnniCols; ++c) sums[c] = total[c][v];
+      put_rows(sums, row0 + v * 16, std::min<int64_t>(16, num_rows - v * 16), col0, cols, sink);
     }
   }
 }
@@ -274,13 +355,22 @@ at::Tensor quant_linear_vnni(const at::Tensor& x, const QuantWeight& w,
     const auto run = [&](auto lanes_per_row) {
       constexpr int P = decltype(lanes_per_row)::value;
       const VnniRows xp = pack_vnni_rows<P>(xq, m, k, G * S, G);
+      // Lines of the next tile's codes to fetch per group of this one.
+      const int64_t lines = (kVnniCols * w.row_bytes + 63) / 64;
+      const int64_t lines_per_group = (lines + w.num_groups - 1) / w.num_groups;
       at::parallel_for(0, (n + kVnniCols - 1) / kVnniCols, 1, [&](int64_t t0, int64_t t1) {
         VnniPanel panel;
         for (int64_t t = t0; t < t1; ++t) {
           const int64_t col0 = t * kVnniCols, cols = std::min<int64_t>(kVnniCols, n - col0);
-          if (t + 1 < t1) prefetch_columns(w, col0 + kVnniCols);
-          fill_vnni_panel<B, SIGNED, OFFSET>(w, col0, panel);
-          vnni_columns<B, G, S, OFFSET, P>(w, panel, xp, m, col0, cols, sink);
+          VnniPrefetch pf;
+          if (t + 1 < t1) {
+            const int64_t next = col0 + kVnniCols;
+            for (int64_t col = next; col < std::min(n, next + kVnniCols); ++col) prefetch_scales(w, col);
+            pf = VnniPrefetch{reinterpret_cast<const char*>(w.codes + next * w.row_bytes),
+                              lines_per_group};
+          }
+          fill_vnni_panel<B, P, SIGNED, OFFSET>(w, col0, panel);
+          vnni_columns<B, G, S, OFFSET, P>(w, panel, xp, m, col0, cols, pf, sink);
         }
       });
     };
