@@ -88,6 +88,31 @@ def ours_step(
     return step
 
 
+def ours_prefill(model: LlamaForCausalLM, num_tokens: int) -> Callable[[], torch.Tensor]:
+    """A closure prefilling one fresh ``num_tokens``-token prompt (what a request waits for
+    before its first token): every layer over the prompt, the logits of its last token."""
+    c = model.config
+    num_blocks = -(-num_tokens // BLOCK_SIZE) + 1
+    shape = kv_cache_shape(c, num_blocks, BLOCK_SIZE)
+    caches = [
+        (torch.zeros(shape, dtype=model.dtype), torch.zeros(shape, dtype=model.dtype))
+        for _ in range(c.num_hidden_layers)
+    ]
+    table = list(range(1, num_blocks))
+    ids = torch.randint(0, c.vocab_size, (num_tokens,))
+    positions = torch.arange(num_tokens)
+
+    def step() -> torch.Tensor:
+        kernel = model.attention_backend != "torch"
+        meta = build_attention_metadata(
+            [num_tokens], [num_tokens], [table], BLOCK_SIZE, model.device, with_decode_tables=kernel
+        )
+        hidden = model(ids, positions, caches, meta, block_size=BLOCK_SIZE)
+        return model.compute_logits(hidden[-1:])
+
+    return step
+
+
 def hf_step(hf: torch.nn.Module, batch: int, context: int) -> Callable[[], torch.Tensor]:
     """A closure running one transformers decode step over a DynamicCache (grows per call)."""
     from transformers import DynamicCache
@@ -128,11 +153,18 @@ def profile(step: Callable[[], object], label: str, rows: int = 15) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=str(DEFAULT_MODEL))
-    parser.add_argument("--batches", type=int, nargs="+", default=[32, 64])
+    parser.add_argument("--batches", type=int, nargs="*", default=[32, 64])
     parser.add_argument("--context", type=int, default=200)
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"], choices=DTYPES)
     parser.add_argument("--steps", type=int, default=15, help="timed rounds")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--prefill",
+        type=int,
+        nargs="*",
+        default=[],
+        help="also time the prefill of one prompt of each of these lengths (ours only)",
+    )
     parser.add_argument("--profile", action="store_true", help="torch.profiler top ops (ours)")
     parser.add_argument("--no-hf", action="store_true", help="skip the transformers baseline")
     parser.add_argument(
@@ -152,6 +184,10 @@ def main() -> None:
             from transformers import AutoModelForCausalLM
 
             hf = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype).eval()
+        for num_tokens in args.prefill:
+            times = time_interleaved({"ours": ours_prefill(model, num_tokens)}, args.steps)["ours"]
+            med, best = statistics.median(times), min(times)
+            print(f"{name:9s} prefill {num_tokens:4d}: | ours {med:6.1f} ms (min {best:6.1f})")
         for batch in args.batches:
             fns = {"ours": ours_step(model, batch, args.context, model_ops)}
             if args.torch_ops:

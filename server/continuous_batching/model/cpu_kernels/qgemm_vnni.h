@@ -205,7 +205,7 @@ struct VnniPrefetch {
 // total[c][v] lane l = weight column c . lane l of x's block blk0 + v, for V blocks.
 template <int B, int G, int S, bool OFFSET, int V, int P>
 void vnni_tile(const QuantWeight& w, const VnniPanel& p, const VnniRows& x, int64_t blk0,
-               const VnniPrefetch& pf, __m512 total[kVnniCols][2]) {
+               const VnniPrefetch& pf, __m512 total[kVnniCols][3]) {
   constexpr int C = kVnniCols, L = G * S, Q = G / (4 * P);
   static_assert(G % (4 * P) == 0, "a lane's codes lie in one group");
   const int64_t k = w.k, kq = k / (4 * P), ns = k / L, ng = k / G, np = ng / 2;
@@ -221,7 +221,10 @@ void vnni_tile(const QuantWeight& w, const VnniPanel& p, const VnniRows& x, int6
     for (int g = 0; g < S; ++g) {
       const int64_t gi = b * S + g;
       pf.at_group(gi);
-      const __m512i* xg = xv0 + gi * Q;
+      // One base and one stride for x's blocks: with a pointer per block and k-step the
+      // compiler kept them on the stack and reloaded one per step.
+      const char* xg = reinterpret_cast<const char*>(xv0 + gi * Q);
+      const int64_t x_stride = kq * 64;
       const uint8_t* wg = p.codes.data() + gi * G * C;
       __m512i acc[C][V];
       for (int c = 0; c < C; ++c)
@@ -229,7 +232,7 @@ void vnni_tile(const QuantWeight& w, const VnniPanel& p, const VnniRows& x, int6
 #pragma GCC unroll 8
       for (int q = 0; q < Q; ++q) {
         __m512i xv[V];
-        for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_si512(xg + v * kq + q);
+        for (int v = 0; v < V; ++v) xv[v] = _mm512_loadu_si512(xg + v * x_stride + q * 64);
         for (int c = 0; c < C; ++c) {
           const __m512i wv = broadcast_codes<P>(wg + (q * C + c) * 4 * P);
           for (int v = 0; v < V; ++v) acc[c][v] = _mm512_dpbusd_epi32(acc[c][v], wv, xv[v]);
@@ -315,25 +318,31 @@ template <int B, int G, int S, bool OFFSET, int P>
 void vnni_columns(const QuantWeight& w, const VnniPanel& panel, const VnniRows& xp, int64_t m,
                   int64_t col0, int64_t cols, const VnniPrefetch& pf, const QuantOut& sink) {
   constexpr int RB = 16 / P;
-  for (int64_t blk = 0; blk < xp.num_blocks; blk += 2) {
-    const bool is_pair = blk + 1 < xp.num_blocks;
-    __m512 total[kVnniCols][2];
+  for (int64_t blk = 0; blk < xp.num_blocks;) {
+    // Three blocks a tile where they can be (12 accumulators: each x load and broadcast serves
+    // more products), two at a time otherwise; 8-row blocks (P = 2) go two at a time.
+    const int64_t left = xp.num_blocks - blk;
+    const int num_v = P == 1 && left >= 3 && left != 4 ? 3 : (left >= 2 ? 2 : 1);
+    __m512 total[kVnniCols][3];
     // The next tile's lines are fetched during the first pass over this panel only.
     const VnniPrefetch none{};
     const VnniPrefetch& fetch = blk == 0 ? pf : none;
-    if (is_pair)
+    if (num_v == 3)
+      vnni_tile<B, G, S, OFFSET, 3, P>(w, panel, xp, blk, fetch, total);
+    else if (num_v == 2)
       vnni_tile<B, G, S, OFFSET, 2, P>(w, panel, xp, blk, fetch, total);
     else
       vnni_tile<B, G, S, OFFSET, 1, P>(w, panel, xp, blk, fetch, total);
-    const int64_t row0 = blk * RB, num_rows = std::min<int64_t>(is_pair ? 2 * RB : RB, m - row0);
+    const int64_t row0 = blk * RB, num_rows = std::min<int64_t>(num_v * RB, m - row0);
+    blk += num_v;
     __m512 sums[kVnniCols];
     if constexpr (P == 2) {
       for (int c = 0; c < kVnniCols; ++c)
-        sums[c] = merge_lane_pairs(total[c][0], is_pair ? total[c][1] : _mm512_setzero_ps());
+        sums[c] = merge_lane_pairs(total[c][0], num_v == 2 ? total[c][1] : _mm512_setzero_ps());
       put_rows(sums, row0, num_rows, col0, cols, sink);
       continue;
     }
-    for (int v = 0; v < (is_pair ? 2 : 1); ++v) {
+    for (int v = 0; v < num_v; ++v) {
       for (int c = 0; c < kVnniCols; ++c) sums[c] = total[c][v];
       put_rows(sums, row0 + v * 16, std::min<int64_t>(16, num_rows - v * 16), col0, cols, sink);
     }
