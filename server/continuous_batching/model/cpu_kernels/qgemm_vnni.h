@@ -8,7 +8,7 @@
 // [16/P][4P], P consecutive lanes one row's 4P consecutive codes, and a weight column's 4P
 // codes are broadcast to all of them, so each 64-byte load of x serves kVnniCols columns and
 // each broadcast V blocks of rows. A row's P lanes are added up at the end: P = 2 fills the
-// lanes from 8 rows (a decode batch of 12 to 15), P = 1 from 16 and more (a group's int32 sums
+// lanes from 8 rows (a decode batch of 8 to 15), P = 1 from 16 and more (a group's int32 sums
 // then cover 16 rows each: half the scale multiplies per product). vpdpbusd takes unsigned weight
 // bytes times signed x: 4-bit codes (0..15) are unpacked as they are; 8-bit codes are stored
 // + 128, which adds 128 sum_g sc_g sum(xq_g), taken off in int32 per super-block, as the
@@ -29,11 +29,14 @@ namespace {
 // registers. The GEMM multiplies each group's sums by its scale (vpmulld): groups of 32 pay it
 // once per 8 vpdpbusd a lane, groups of 16 (Q6_K) once per 4, and win only from more rows.
 // Zen 5, 2 threads, weights streamed from memory as in decode (GMAC/s, this against them):
-// Q4_K 8 rows 231-243 vs 219-233, 10 rows 215-224 vs 219-230; Q6_K 12 rows 198-214 vs 215-235,
-// 16 rows 267-291 vs 215-218, 24 rows 324-332 vs 228-242.
-constexpr int64_t kVnniMinRows = 12, kVnniMinRowsG16 = 16;
+// Q4_K 4 rows 119 vs 229-234, 8 rows 231-243 vs 219-233, 10 rows 215-224 vs 219-230; Q6_K 12
+// rows 198-214 vs 215-235, 16 rows 267-291 vs 215-218, 24 rows 324-332 vs 228-242. A 1B Q4_K_M
+// decode step of 8 rows: 40.0-41.6 ms from 8 rows against 43.1-44.1 from 12 (minimum of 30).
+constexpr int64_t kVnniMinRows = 8, kVnniMinRowsG16 = 16;
 // Weight columns per register tile: 4 columns x 2 blocks of rows x 3 (group, super-block and
-// float sums) = 24 accumulators, with room for two x vectors and the broadcasts.
+// float sums) = 24 accumulators, with room for two x vectors and the broadcasts. Three blocks
+// (prefills and batches of 33 rows or more) would need 36 of the 32 registers, so some go to
+// the stack; still, each load then serves more products, and 1B prefills ran 5% faster.
 constexpr int kVnniCols = 4;
 
 // x for the kernel: codes, per block of 16/P rows and 4P consecutive k one 64-byte vector;
