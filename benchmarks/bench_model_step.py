@@ -3,14 +3,16 @@
 Run by hand (not a test), on a quiet machine:
 
     .venv/bin/python -m benchmarks.bench_model_step [--batches 32 64] [--context 200]
-        [--dtypes bfloat16 float32] [--threads 2] [--profile] [--no-hf]
+        [--dtypes bfloat16 float32] [--threads 2] [--profile] [--no-hf] [--prefill 100 200]
 
 Each configuration times ``--steps`` decode steps of ours and of transformers, alternating
 (so machine noise hits both alike), and prints the median and minimum. Ours: metadata build +
 forward + logits of every row (what the runner does per step). transformers: a forward of
 [batch, 1] tokens over a DynamicCache pre-filled with random K/V at the same context length
 and a left-padding attention mask, as static batching runs it (logits of the last token only).
-The cache content is random: speed does not depend on it.
+The cache content is random: speed does not depend on it. ``--prefill N`` also times ours
+prefilling one fresh N-token prompt (the logits of its last token): what a request's first
+token waits for, without the server around it.
 """
 
 from __future__ import annotations
