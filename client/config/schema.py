@@ -65,7 +65,7 @@ class ClientConfig(ConnectionLimits, *_SECTIONS):
         default=2,
         ge=0,
         description="times a stream from one of our servers that dies mid-answer is resumed on "
-        "another (0: never); 1 when a server died within a second of taking it",
+        "another (0: never); never after a second server died within a second of taking it",
     )
     retry_backoff_seconds: float = Field(
         default=0.05, ge=0, description="base of the jittered exponential backoff between tries"

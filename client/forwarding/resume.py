@@ -7,9 +7,12 @@ heartbeats). The resumer tries (``client.forwarding.tries``, as failover does) o
 servers that can resume (our CB and SB servers) and were not tried yet, with the caller's body
 and a ``resume`` field built by the stream's
 :class:`~client.forwarding.stream_tokens.StreamTokens`, and hands the relay the new stream,
-primed. Limits: ``max_stream_resumes`` per stream; only 1 when a server died within
+primed. Limits: ``max_stream_resumes`` per stream, and none after a second server died within
 :data:`POISON_SECONDS` of taking the request (the request itself may be what kills servers: it
-must not take down a second one, then a third).
+must not take down a third). One such death alone does not stop the stream: when a server
+dies, the streams just moved onto it from an earlier death are young there too, and they are
+not what killed it (under load a migration takes seconds, so a second death soon after left
+streams with an error that had done nothing wrong).
 """
 
 from __future__ import annotations
@@ -64,12 +67,13 @@ class StreamResumer:
     tried: list[Backend]
     tracker: StreamTokens
     num_resumes: int = 0
-    #: A server died within POISON_SECONDS of taking this request.
-    is_poison_suspect: bool = False
+    #: Servers that died within POISON_SECONDS of taking this request.
+    num_sudden_deaths: int = 0
 
     def _limit(self) -> int:
-        limit = self.runner.config.max_stream_resumes
-        return min(limit, 1) if self.is_poison_suspect else limit
+        if self.num_sudden_deaths >= 2:  # a request that kills its servers: no third
+            return 0
+        return self.runner.config.max_stream_resumes
 
     async def resume(
         self, cause: ResumeCause, broken: UpstreamStream
@@ -78,7 +82,7 @@ class StreamResumer:
         or None (the caller then gets the error event)."""
         request, tracker = self.request, self.tracker
         if time.monotonic() - broken.lease.taken_at < POISON_SECONDS:
-            self.is_poison_suspect = True
+            self.num_sudden_deaths += 1
         if self.num_resumes >= self._limit():
             logger.warning(
                 "request %s: stream from %s broke off (%s); not resumed (%d resumes%s)",
@@ -86,7 +90,7 @@ class StreamResumer:
                 broken.backend.name,
                 cause,
                 self.num_resumes,
-                ", its server died at once" if self.is_poison_suspect else "",
+                ", two servers died at once taking it" if self.num_sudden_deaths >= 2 else "",
             )
             return None
         num_choices = num_choices_of(request.body)
