@@ -61,27 +61,32 @@ class PackedLoad:
     num_bytes: int = 0
     #: Packed matmuls that quantise their input to int8 (``PackedLinear.is_int8``).
     is_int8_activations: bool = False
+    #: Packed matmuls whose rows were tiled for the AVX512-VNNI kernel (``lane_tiles``).
+    is_lane_tiled: bool = False
     #: Where the packed weights came from: repacked, or the on-disk cache (``packed_cache``).
     origin: str = "repacked"
 
-    def add(self, names: list[str], weight: PackedWeight, is_int8: bool) -> None:
-        """Record source tensors ``names`` (of one type) packed as ``weight``, run by a linear
-        whose input is quantised to int8 when ``is_int8``."""
+    def add(self, names: list[str], linear: PackedLinear) -> None:
+        """Record source tensors ``names`` (of one type) packed as ``linear``'s weight."""
+        weight, is_int8 = linear.weight, linear.is_int8
         self.consumed.update(names)
         self.num_tensors[weight.source] += len(names)
         self.code_bits.add(weight.bits)
         self.num_bytes += weight.num_bytes
         self.is_int8_activations |= is_int8
+        self.is_lane_tiled |= weight.is_lane_tiled
 
     def describe(self, level: str) -> str:
-        """E.g. ``gguf Q4_K, Q6_K (packed int4/int8, avx2, int8 activations)``; ``level``: the
-        kernels' ISA."""
+        """E.g. ``gguf Q4_K, Q6_K (packed int4/int8, avx2, int8 activations)``, ending
+        ``, 16-row tiles`` where the rows were tiled for AVX512-VNNI; ``level``: the kernels'
+        ISA."""
         if not self.num_tensors:
             return "gguf (no tensor of a packable type: dense)"
         types = ", ".join(t for t, _ in self.num_tensors.most_common())
         codes = "/".join(_CODE_WORDS[b] for b in sorted(self.code_bits))
         activations = ", int8 activations" if self.is_int8_activations else ""
-        return f"gguf {types} (packed {codes}, {level}{activations})"
+        tiles = ", 16-row tiles" if self.is_lane_tiled else ""
+        return f"gguf {types} (packed {codes}, {level}{activations}{tiles})"
 
 
 def _rope_heads(name: str, config: ModelArchConfig) -> int | None:
@@ -244,7 +249,7 @@ def install_packed_linears(
                 break
             bias = None if biases[run[0]] is None else torch.cat([biases[i] for i in run])
             linears.append(PackedLinear(weight, bias, kernels, is_int8_activations))
-            load.add([matmul.names[i] for i in run], weight, linears[-1].is_int8)
+            load.add([matmul.names[i] for i in run], linears[-1])
         if not linears:
             continue  # the embedding: installed last, once the lm_head is
         load.consumed.update(b for b in bias_names if b in tensors)

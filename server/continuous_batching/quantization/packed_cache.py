@@ -118,7 +118,10 @@ class PackedCache:
         return True
 
     def put(self, name: str, weight: PackedWeight) -> None:
-        """Append ``weight`` to the entry being written (a no-op once writing failed)."""
+        """Append ``weight`` to the entry being written (a no-op once writing failed). The
+        cache holds the plain layout: tiles are made after loading, for the build at hand."""
+        if weight.is_lane_tiled:
+            raise ValueError("the packed cache holds untiled weights")
         if self._out is None:
             return
         specs: dict[str, dict[str, Any] | None] = {}

@@ -28,10 +28,13 @@ Every repacker is vectorised over all blocks of a tensor (no Python loop over bl
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from types import ModuleType
 
 import numpy as np
 import torch
 from gguf import GGMLQuantizationType as T
+
+from .lane_tiles import LANE_ROWS, tile_rows, untile_codes, untile_rows
 
 #: Source types that repack exactly into the layout (others are dequantised at load).
 PACKABLE_TYPES: frozenset[T] = frozenset({T.Q8_0, T.Q4_0, T.Q4_1, T.Q4_K, T.Q5_K, T.Q6_K})
@@ -50,6 +53,8 @@ class PackedWeight:
     group_offset: torch.Tensor | None = None
     super_scale: torch.Tensor | None = None
     super_offset: torch.Tensor | None = None
+    #: Rows in tiles of 16 for the AVX512-VNNI kernel (``lane_tiles``; ``lane_tiled``).
+    is_lane_tiled: bool = False
 
     @property
     def num_rows(self) -> int:
@@ -91,6 +96,33 @@ class PackedWeight:
         ) or (is_signed and self.bits == 8 and self.group == 16 and per_super == 16)
         return span if is_super and self.in_features % span == 0 else self.group
 
+    @property
+    def can_lane_tile(self) -> bool:
+        """True when the tiled layout of ``lane_tiles`` can hold this weight: a super-block
+        layout (integer sums per super-block) with rows in whole tiles of 16."""
+        is_super = self.activation_group != self.group
+        return is_super and self.num_rows % LANE_ROWS == 0 and not self.is_lane_tiled
+
+    def lane_tiled(self, kernels: ModuleType) -> PackedWeight:
+        """This weight in the tiled layout (``kernels``: a build with ``lane_tile_codes``)."""
+        if not self.can_lane_tile:
+            raise ValueError(f"a {self.source} weight of {self.num_rows} rows cannot be tiled")
+        scales = [None if t is None else tile_rows(t) for t in self.tensors()[1:]]
+        codes = kernels.lane_tile_codes(self.codes, self.bits)
+        return replace(
+            self, **dict(zip(ROW_FIELDS, [codes, *scales], strict=True)), is_lane_tiled=True
+        )
+
+    def untiled(self) -> PackedWeight:
+        """This weight in the plain packed layout (itself when it is not tiled)."""
+        if not self.is_lane_tiled:
+            return self
+        scales = [None if t is None else untile_rows(t) for t in self.tensors()[1:]]
+        codes = untile_codes(self.codes, self.bits)
+        return replace(
+            self, **dict(zip(ROW_FIELDS, [codes, *scales], strict=True)), is_lane_tiled=False
+        )
+
     def tensors(self) -> list[torch.Tensor | None]:
         """Every row-indexed tensor, in field order (None where absent)."""
         return [
@@ -104,15 +136,27 @@ class PackedWeight:
     def layout_key(self) -> tuple:
         """Equal for weights whose rows can be stacked into one (same K, bits, groups, dtypes)."""
         kinds = tuple(None if t is None else (t.dtype, t.shape[1]) for t in self.tensors())
-        return (self.bits, self.group, kinds)
+        return (self.bits, self.group, kinds, self.is_lane_tiled)
 
     def select_rows(self, index: torch.Tensor) -> PackedWeight:
-        """The rows ``index`` (permuting rows of a row-quantised matrix is exact)."""
+        """The rows ``index`` (permuting rows of a row-quantised matrix is exact), in the plain
+        layout: from a tiled weight, their tiles are untiled first."""
+        if self.is_lane_tiled:
+            tiles = index // LANE_ROWS
+
+            def tile_rows_of(t: torch.Tensor) -> torch.Tensor:
+                return t.view(-1, LANE_ROWS * t.shape[1])[tiles].view(-1, t.shape[1])
+
+            parts = [None if t is None else tile_rows_of(t) for t in self.tensors()]
+            plain = replace(self, **dict(zip(ROW_FIELDS, parts, strict=True))).untiled()
+            return plain.select_rows(torch.arange(len(index)) * LANE_ROWS + index % LANE_ROWS)
         picked = [None if t is None else t.index_select(0, index) for t in self.tensors()]
         return replace(self, **dict(zip(ROW_FIELDS, picked, strict=True)))
 
     def dequantize(self) -> torch.Tensor:
         """float32 [num_rows, in_features]: the plain reference the kernels are tested with."""
+        if self.is_lane_tiled:
+            return self.untiled().dequantize()
         rows, num_groups = self.group_scale.shape
         scale = _expand(self.group_scale, self.super_scale)
         if self.bits == 8:
@@ -143,7 +187,7 @@ def _expand(group: torch.Tensor, super_: torch.Tensor | None) -> torch.Tensor:
 
 def concat_rows(parts: list[PackedWeight]) -> PackedWeight:
     """One weight stacking ``parts``' rows (their ``layout_key`` must agree)."""
-    if len({p.layout_key() for p in parts}) != 1:
+    if len({p.layout_key() for p in parts}) != 1 or parts[0].is_lane_tiled:
         raise ValueError("packed weights of different layouts cannot be stacked")
     stacked = [
         None if tensors[0] is None else torch.cat(tensors)

@@ -77,6 +77,10 @@ class PackedLinear:
         # int8 kernel (no AVX2) runs float activations.
         is_built = self.kernels is None or getattr(self.kernels, "has_int8_activations", False)
         self.is_int8 = is_int8_activations and has_int8_layout(weight) and is_built
+        # AVX512-VNNI builds run the super-block layouts with the weight's rows in the vector
+        # lanes, from tiles made here once (qgemm_lanes.h); the plain layout is not kept.
+        if self.is_int8 and getattr(self.kernels, "has_lane_tiles", False) and weight.can_lane_tile:
+            self.weight = weight.lane_tiled(self.kernels)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
@@ -95,6 +99,7 @@ class PackedLinear:
             w.super_offset,
             self.bias,
             is_int8_activations=self.is_int8,
+            is_tiled=w.is_lane_tiled,
         )
 
     def reference(self, x: torch.Tensor) -> torch.Tensor:

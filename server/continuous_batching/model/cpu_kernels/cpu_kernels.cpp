@@ -12,6 +12,7 @@
 //   qgemm_super.h  int8 activations per super-block, integer sums (K-quants, GPTQ g128)
 //   qgemm_panels.h the int8 mode's prefill on AVX512-BF16 (Q8_0, Q4_0, Q4_1): weights as bf16
 //   qgemm_vnni.h   super-block layouts' batches and prefills as one AVX512-VNNI integer GEMM
+//   qgemm_lanes.h  the same layouts tiled at load, 16 weight rows in the lanes (AVX512-VNNI)
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags
 // name its ISA level (cpu_isa.py); the module says which with ``isa`` and ``gemm``.
@@ -45,7 +46,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("group_scale"), py::arg("group_offset") = py::none(),
         py::arg("super_scale") = py::none(), py::arg("super_offset") = py::none(),
         py::arg("bias") = py::none(), py::arg("is_scalar") = false,
-        py::arg("is_int8_activations") = false);
+        py::arg("is_int8_activations") = false, py::arg("is_tiled") = false);
+#if defined(LLM_SUITE_HAS_QGEMM_LANES)
+  m.def("lane_tile_codes", &lane_tile_codes,
+        "packed codes [N, K*bits/8] -> the tiled layout of qgemm_lanes.h (N a multiple of 16)");
+  m.attr("has_lane_tiles") = true;
+#else
+  m.attr("has_lane_tiles") = false;
+#endif
 #if defined(LLM_SUITE_HAS_QUANT_PANELS)
   m.attr("has_quant_panels") = true;
   m.attr("quant_panel_min_rows") = kPanelMinRows;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include "qgemm_panels.h"
+#include "qgemm_lanes.h"
 #include "qgemm_super.h"
 #include "qgemm_vnni.h"
 
@@ -246,9 +247,19 @@ at::Tensor quant_linear_any(const at::Tensor& x, const at::Tensor& codes, int64_
                             const c10::optional<at::Tensor>& super_scale,
                             const c10::optional<at::Tensor>& super_offset,
                             const c10::optional<at::Tensor>& bias, bool is_scalar,
-                            bool is_int8_activations) {
+                            bool is_int8_activations, bool is_tiled) {
   const QuantWeight w =
       quant_weight_of(codes, bits, group, group_scale, group_offset, super_scale, super_offset);
+  if (is_tiled) {
+#if defined(LLM_SUITE_HAS_QGEMM_LANES)
+    TORCH_CHECK(is_int8_activations && !is_scalar, "tiled weights take int8 activations");
+    TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+                "x must be float32 or bfloat16");
+    return quant_linear_lanes(x, w, bias);
+#else
+    TORCH_CHECK(false, "tiled weights need a build with AVX512-VNNI");
+#endif
+  }
   if (!is_int8_activations) return quant_linear_impl(x, w, bias, is_scalar);
 #if defined(LLM_SUITE_HAS_QGEMM_I8)
   TORCH_CHECK(!is_scalar && int8_layout(w),

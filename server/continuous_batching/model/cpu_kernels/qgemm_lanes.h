@@ -1,0 +1,231 @@
+// The super-block layouts (K-quants, GPTQ g128) on AVX512-VNNI with the weight's rows in the
+// lanes: tiles of 16 weight rows are stored interleaved at load (``lane_tile_codes``), so one
+// 64-byte load is 16 rows' next codes, and each vpdpbusd multiplies them by 4 codes of one row
+// of x broadcast to every lane. No per-call unpacking into panels, no horizontal sums: 4-bit
+// codes take an and and a shift per 128 codes, and a row's 16 outputs are one store.
+//
+// The tiled layout, per tile of 16 weight rows (its bytes and its scales stay inside the tile's
+// own span of each tensor, so every tensor keeps its shape):
+//   codes, 4-bit: [K/8][16 rows][4] bytes, byte j of row c: code k = 8p + j in the low nibble,
+//                 8p + 4 + j in the high one;
+//   codes, 8-bit: [K/4][16 rows][4] bytes, code + 128 as an unsigned byte;
+//   group scales and offsets [K/G][16], super-block scales and offsets [K/L][16].
+// vpdpbusd takes unsigned weight bytes times signed x. 8-bit codes' + 128 adds
+// 128 sum_g sc_g sum(xq_g), taken off per super-block as the offsets' sums are (pairs of groups
+// a vpdpwssd, from x's group sums):
+//   y = sum_b d_b dx_b (sum_g sc_g (q_g . xq_g)) - dmin_b dx_b (sum_g m_g sum(xq_g))
+// The integer sums are qgemm_super.h's (its bounds hold): the same value as quant_linear_super,
+// up to float summation order.
+#pragma once
+
+#include "qgemm_super.h"
+
+namespace {
+
+#if defined(__AVX512VNNI__) && defined(LLM_SUITE_SUPER_512)
+#define LLM_SUITE_HAS_QGEMM_LANES 1
+
+constexpr int64_t kLaneRows = 16;  // weight rows per tile: one 32-bit lane each
+constexpr int kLaneBlockRows = 8;  // rows of x per pass over a tile (3 x 8 accumulators)
+// How far ahead of each 64-byte load its line is fetched. A tile's codes are one sequential
+// stream, yet without it a batch of 8 rows stalled on memory: Q4_K 8192 x 2048 streamed, 2
+// threads, GMAC/s at 8 / 32 rows: none 301 / 492, 1 KB 373 / 575, 4 KB 513 / 648, 8 KB
+// 570 / 673, 16 KB 520-556 / 659 (one row: 70-110 at every distance, the plain layout's dot
+// kernels 75-113 in the same runs).
+constexpr int64_t kLanePrefetchBytes = 4096;
+
+// The four codes of x's row at p broadcast to every lane.
+inline __m512i broadcast_quad(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm512_set1_epi32(v);
+}
+
+// 16 small scales (one per row of the tile) as int32 lanes.
+template <bool SIGNED>
+inline __m512i lane_scales(const uint8_t* p) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return SIGNED ? _mm512_cvtepi8_epi32(bytes) : _mm512_cvtepu8_epi32(bytes);
+}
+
+// Two groups' per-row multipliers as int16 pairs (group 2j low, 2j + 1 high), times 2^SHIFT.
+template <bool SIGNED, int SHIFT>
+inline __m512i lane_pairs(const uint8_t* first) {
+  const __m512i lo = _mm512_slli_epi32(lane_scales<SIGNED>(first), SHIFT);
+  const __m512i hi = _mm512_slli_epi32(lane_scales<SIGNED>(first + kLaneRows), 16 + SHIFT);
+  return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), hi);
+}
+
+// R rows of x (from r0) against tile t's 16 weight rows: total[r] lane c = x row r0 + r . row
+// 16 t + c. Groups of 32 4-bit codes are 4 loads, of 8-bit codes G / 4 loads; with few rows the
+// loads alternate between two sets of accumulators (a chain of dependent vpdpbusd otherwise).
+template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
+void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
+                 __m512 total[R]) {
+  constexpr int kUnits = G * kLaneRows * B / 8 / 64, kUnitValues = 64 * 8 / B / kLaneRows;
+  constexpr int A = R <= 2 ? 2 : 1;  // accumulator sets
+  const int64_t k = w.k, ng = w.num_groups, ns = w.num_super;
+  const uint8_t* codes = w.codes + t * kLaneRows * w.row_bytes;
+  const uint8_t* scales = static_cast<const uint8_t*>(w.group_scale) + t * kLaneRows * ng;
+  const uint8_t* mins =
+      OFFSET ? static_cast<const uint8_t*>(w.group_offset) + t * kLaneRows * ng : nullptr;
+  const float* d = w.super_scale + t * kLaneRows * ns;
+  const float* dmin = OFFSET ? w.super_offset + t * kLaneRows * ns : nullptr;
+  const int8_t* x = xq.codes.data() + r0 * k;
+  const int16_t* xsums = xq.sums.data() + r0 * ng;
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  for (int r = 0; r < R; ++r) total[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < ns; ++b) {
+    __m512i block[R];
+    for (int r = 0; r < R; ++r) block[r] = _mm512_setzero_si512();
+    for (int g = 0; g < S; ++g) {
+      const int64_t gi = b * S + g;
+      const uint8_t* unit = codes + gi * kUnits * 64;
+      const int8_t* xg = x + gi * G;
+      __m512i acc[A][R];
+      for (int a = 0; a < A; ++a)
+        for (int r = 0; r < R; ++r) acc[a][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int u = 0; u < kUnits; ++u) {
+        const __m512i raw = _mm512_loadu_si512(unit + u * 64);
+        __builtin_prefetch(unit + u * 64 + kLanePrefetchBytes, 0, 3);
+        const int8_t* xu = xg + u * kUnitValues;
+        if constexpr (B == 4) {
+          const __m512i lo = _mm512_and_si512(raw, mask);
+          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+          for (int r = 0; r < R; ++r) {
+            acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], lo, broadcast_quad(xu + r * k));
+            acc[A - 1][r] = _mm512_dpbusd_epi32(acc[A - 1][r], hi, broadcast_quad(xu + r * k + 4));
+          }
+        } else {
+          for (int r = 0; r < R; ++r)
+            acc[u % A][r] = _mm512_dpbusd_epi32(acc[u % A][r], raw, broadcast_quad(xu + r * k));
+        }
+      }
+      const __m512i sc = lane_scales<SIGNED>(scales + gi * kLaneRows);
+      for (int r = 0; r < R; ++r) {
+        const __m512i sum = A == 2 ? _mm512_add_epi32(acc[0][r], acc[A - 1][r]) : acc[0][r];
+        block[r] = _mm512_add_epi32(block[r], _mm512_mullo_epi32(sum, sc));
+      }
+    }
+    // Per row, the offsets' integer sums and the 8-bit codes' + 128 (128 sum_g sc_g sum(xq_g),
+    // taken off the group sums exactly in int32), pairs of groups a vpdpwssd.
+    __m512i offsets[R];
+    for (int r = 0; r < R; ++r) offsets[r] = _mm512_setzero_si512();
+    for (int j = 0; j < S / 2; ++j) {
+      const int64_t g0 = b * S + 2 * j;
+      __m512i min_pairs = _mm512_setzero_si512(), bias_pairs = _mm512_setzero_si512();
+      if constexpr (OFFSET) min_pairs = lane_pairs<false, 0>(mins + g0 * kLaneRows);
+      if constexpr (B == 8) bias_pairs = lane_pairs<SIGNED, 7>(scales + g0 * kLaneRows);
+      for (int r = 0; r < R; ++r) {
+        int32_t both;
+        std::memcpy(&both, xsums + r * ng + g0, sizeof(both));
+        const __m512i xs = _mm512_set1_epi32(both);
+        if constexpr (OFFSET) offsets[r] = _mm512_dpwssd_epi32(offsets[r], min_pairs, xs);
+        if constexpr (B == 8)
+          block[r] = _mm512_sub_epi32(block[r], _mm512_madd_epi16(bias_pairs, xs));
+      }
+    }
+    const __m512 dv = _mm512_loadu_ps(d + b * kLaneRows);
+    const __m512 dminv = OFFSET ? _mm512_loadu_ps(dmin + b * kLaneRows) : _mm512_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const __m512 dx = _mm512_set1_ps(xq.scale[(r0 + r) * ns + b]);
+      total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block[r]), _mm512_mul_ps(dv, dx), total[r]);
+      if constexpr (OFFSET)
+        total[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(offsets[r]), _mm512_mul_ps(dminv, dx),
+                                    total[r]);
+    }
+  }
+}
+
+// 16 float32 outputs of one row, bias added, stored in the call's dtype (bf16: nearest even).
+inline void put_lanes(__m512 y, int64_t row, int64_t col0, const QuantOut& sink) {
+  if (sink.bias) y = _mm512_add_ps(y, _mm512_loadu_ps(sink.bias + col0));
+  if (!sink.bf16) {
+    _mm512_storeu_ps(sink.f32 + row * sink.n + col0, y);
+    return;
+  }
+  const __m512i bits = _mm512_castps_si512(y);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(sink.bf16 + row * sink.n + col0),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
+
+template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
+void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
+                const QuantOut& sink) {
+  __m512 total[R];
+  lanes_block<B, G, S, SIGNED, OFFSET, R>(w, xq, r0, t, total);
+  for (int r = 0; r < R; ++r) put_lanes(total[r], r0 + r, t * kLaneRows, sink);
+}
+
+// y = x . W^T (+ bias) with W in the tiled layout and x quantised per super-block.
+at::Tensor quant_linear_lanes(const at::Tensor& x, const QuantWeight& w,
+                              const c10::optional<at::Tensor>& bias) {
+  TORCH_CHECK(super_layout(w) && w.n % kLaneRows == 0,
+              "tiled weights: a super-block layout and rows in whole tiles of 16");
+  const QuantCall call = begin_quant_call(x, w, bias);
+  if (call.is_empty()) return call.out;
+  const int64_t m = call.m, num_tiles = w.n / kLaneRows;
+  with_super_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
+    constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
+    constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
+    const SuperRows xq = quantize_super(call.xf.data_ptr<float>(), m, w.k, G * S, G, false);
+    at::parallel_for(0, num_tiles, 1, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t)
+        for (int64_t r = 0; r < m; r += kLaneBlockRows) {
+          switch (std::min<int64_t>(kLaneBlockRows, m - r)) {
+            case 8: lanes_rows<B, G, S, SIGNED, OFFSET, 8>(w, xq, r, t, call.sink); break;
+            case 7: lanes_rows<B, G, S, SIGNED, OFFSET, 7>(w, xq, r, t, call.sink); break;
+            case 6: lanes_rows<B, G, S, SIGNED, OFFSET, 6>(w, xq, r, t, call.sink); break;
+            case 5: lanes_rows<B, G, S, SIGNED, OFFSET, 5>(w, xq, r, t, call.sink); break;
+            case 4: lanes_rows<B, G, S, SIGNED, OFFSET, 4>(w, xq, r, t, call.sink); break;
+            case 3: lanes_rows<B, G, S, SIGNED, OFFSET, 3>(w, xq, r, t, call.sink); break;
+            case 2: lanes_rows<B, G, S, SIGNED, OFFSET, 2>(w, xq, r, t, call.sink); break;
+            default: lanes_rows<B, G, S, SIGNED, OFFSET, 1>(w, xq, r, t, call.sink); break;
+          }
+        }
+    });
+  });
+  return call.out;
+}
+// The codes [N, K * B / 8] of the packed layout (qgemm.h: 4-bit, byte j of a group of 32 holds
+// elements j and j + 16; 8-bit, int8) in the tiled layout above, uint8; N a multiple of 16.
+at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits) {
+  TORCH_CHECK(bits == 4 || bits == 8, "codes of 4 or 8 bits");
+  const bool is_bytes = codes.scalar_type() == at::kByte || codes.scalar_type() == at::kChar;
+  TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && is_bytes && codes.size(0) % kLaneRows == 0,
+              "codes (u)int8 [N, K*bits/8], contiguous, N a multiple of 16");
+  const int64_t n = codes.size(0), row_bytes = codes.size(1), k = row_bytes * 8 / bits;
+  TORCH_CHECK(k % 32 == 0, "K a multiple of 32");
+  at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kByte));  // unsigned codes
+  const auto* src = static_cast<const uint8_t*>(codes.data_ptr());
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  at::parallel_for(0, n / kLaneRows, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const uint8_t* rows = src + t * kLaneRows * row_bytes;
+      uint8_t* tile = dst + t * kLaneRows * row_bytes;
+      for (int64_t c = 0; c < kLaneRows; ++c) {
+        const uint8_t* row = rows + c * row_bytes;
+        if (bits == 8) {
+          for (int64_t q = 0; q < k / 4; ++q)
+            for (int j = 0; j < 4; ++j) tile[(q * kLaneRows + c) * 4 + j] = row[4 * q + j] ^ 0x80;
+          continue;
+        }
+        const auto code = [&](int64_t i) {  // element i of the row
+          const uint8_t byte = row[(i / 32) * 16 + i % 16];
+          return (i % 32) < 16 ? byte & 0x0F : byte >> 4;
+        };
+        for (int64_t p = 0; p < k / 8; ++p)
+          for (int j = 0; j < 4; ++j)
+            tile[(p * kLaneRows + c) * 4 + j] =
+                static_cast<uint8_t>(code(8 * p + j) | (code(8 * p + 4 + j) << 4));
+      }
+    }
+  });
+  return out;
+}
+#endif
+
+}  // namespace

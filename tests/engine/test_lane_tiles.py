@@ -1,0 +1,111 @@
+"""The tiled layout of the AVX512-VNNI builds (``quantization.lane_tiles``,
+``cpu_kernels/qgemm_lanes.h``): 16 weight rows in the vector lanes, tiled once at load.
+
+At every kernel level this CPU can run: where the build has the tiled kernel, it is checked
+against the float64 reference of the dequantised weight (x quantised per super-block, as the
+integer kernels do) and against the plain layout's integer kernels; elsewhere ``PackedLinear``
+must keep the plain layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType as T
+
+from server.continuous_batching.model import cpu_kernels
+from server.continuous_batching.quantization.lane_tiles import tile_rows, untile_rows
+from server.continuous_batching.quantization.packed_gguf import repack
+from server.continuous_batching.quantization.packed_linear import (
+    PackedLinear,
+    quantize_activations,
+)
+from tests.support.cpu_paths import kernel_levels
+from tests.support.gguf_files import random_blocks
+
+K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
+
+
+@pytest.fixture(scope="module", params=kernel_levels())
+def kernels(request):
+    module = cpu_kernels.load(request.param)
+    if module is None:
+        pytest.fail(f"the fused CPU kernels ({request.param}) could not be built (see the log)")
+    return module
+
+
+def _weight(qtype: T, rows: int, num_super: int, seed: int):
+    return repack(random_blocks(qtype, rows, 256 * num_super, np.random.default_rng(seed)), qtype)
+
+
+def _call(kernels, x: torch.Tensor, weight, bias: torch.Tensor | None, **flags: bool):
+    parts = (weight.codes, weight.bits, weight.group, weight.group_scale, weight.group_offset)
+    return kernels.quant_linear(x, *parts, weight.super_scale, weight.super_offset, bias, **flags)
+
+
+def test_scales_tile_and_untile() -> None:
+    values = torch.arange(32 * 5, dtype=torch.int16).view(32, 5)
+    tiled = tile_rows(values)
+    assert tiled.shape == values.shape and not torch.equal(tiled, values)
+    assert torch.equal(tiled[0], torch.tensor([0, 5, 10, 15, 20], dtype=torch.int16))
+    assert torch.equal(untile_rows(tiled), values)
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+def test_tiling_is_exact_and_reversible(kernels, qtype) -> None:
+    weight = _weight(qtype, 48, 2, int(qtype))
+    if not kernels.has_lane_tiles:
+        assert not hasattr(kernels, "lane_tile_codes")
+        return
+    tiled = weight.lane_tiled(kernels)
+    assert tiled.is_lane_tiled and tiled.num_bytes == weight.num_bytes
+    assert not torch.equal(tiled.codes.view(torch.uint8), weight.codes.view(torch.uint8))
+    for plain, back in zip(weight.tensors(), tiled.untiled().tensors(), strict=True):
+        assert (plain is None and back is None) or torch.equal(plain, back)
+    assert torch.equal(tiled.dequantize(), weight.dequantize())
+    index = torch.tensor([47, 0, 16, 15, 3, 47])  # across tiles, repeated
+    picked = tiled.select_rows(index)
+    assert torch.equal(picked.dequantize(), weight.select_rows(index).dequantize())
+    with pytest.raises(ValueError, match="cannot be tiled"):
+        _weight(qtype, 40, 1, 1).lane_tiled(kernels)  # 40 rows: not whole tiles
+
+
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
+@pytest.mark.parametrize("rows", [1, 2, 3, 8, 13, 17, 40], ids=lambda m: f"m{m}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_tiled_kernel_matches_float64_and_the_plain_kernels(kernels, qtype, rows, dtype) -> None:
+    """Passes of 8 rows over a tile (one, several, a tail; few rows alternate two sets of
+    accumulators); 48 weight rows: three tiles, split over the threads."""
+    if not kernels.has_lane_tiles:
+        return
+    weight = _weight(qtype, 48, 3, rows + 10 * int(qtype))
+    gen = torch.Generator().manual_seed(rows)
+    x = (3 * torch.randn(rows, weight.in_features, generator=gen)).to(dtype)
+    x[0, :256] = 0.0  # an all-zero super-block: scale 0
+    bias = torch.randn(48, generator=gen)
+    tiled = weight.lane_tiled(kernels)
+    got = _call(kernels, x, tiled, bias, is_int8_activations=True, is_tiled=True)
+    x_used = quantize_activations(x, weight.activation_group).double()
+    expected = x_used @ weight.dequantize().double().T + bias.double()
+    tolerance = 2e-5 if dtype == torch.float32 else 8e-3
+    scale = expected.abs().max().item()
+    assert got.dtype == dtype and got.shape == (rows, 48)
+    assert (got.double() - expected).abs().max().item() <= tolerance * scale
+    plain = _call(kernels, x, weight, bias, is_int8_activations=True)
+    assert (got.double() - plain.double()).abs().max().item() <= tolerance * scale
+
+
+def test_packed_linear_tiles_where_the_build_can(kernels) -> None:
+    q4k, q6k = _weight(T.Q4_K, 32, 2, 3), _weight(T.Q6_K, 24, 2, 4)
+    x = torch.randn(5, 512)
+    for weight in (q4k, q6k):
+        fast = PackedLinear(weight, None, kernels, is_int8_activations=True)
+        plain = PackedLinear(weight, None, None, is_int8_activations=True)
+        # 24 rows are no whole tiles: such a weight keeps the plain layout.
+        is_tiled = kernels.has_lane_tiles and fast.is_int8 and weight.num_rows % 16 == 0
+        assert fast.weight.is_lane_tiled == is_tiled and not plain.weight.is_lane_tiled
+        torch.testing.assert_close(fast(x), plain(x), atol=1e-4, rtol=1e-4)
+    # Float activations never tile: the float kernels read the plain layout.
+    assert not PackedLinear(q4k, None, kernels).weight.is_lane_tiled
+    with pytest.raises(RuntimeError, match="tiled weights"):
+        _call(kernels, x, q4k, None, is_tiled=True)
