@@ -208,19 +208,30 @@ at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits) {
       uint8_t* tile = dst + t * kLaneRows * row_bytes;
       for (int64_t c = 0; c < kLaneRows; ++c) {
         const uint8_t* row = rows + c * row_bytes;
+        // 32 bits at a time: a code quad is one word of the tile.
+        const auto put = [&](int64_t quad, uint32_t word) {
+          std::memcpy(tile + (quad * kLaneRows + c) * 4, &word, sizeof(word));
+        };
+        const auto word_at = [&](int64_t offset) {
+          uint32_t word;
+          std::memcpy(&word, row + offset, sizeof(word));
+          return word;
+        };
         if (bits == 8) {
-          for (int64_t q = 0; q < k / 4; ++q)
-            for (int j = 0; j < 4; ++j) tile[(q * kLaneRows + c) * 4 + j] = row[4 * q + j] ^ 0x80;
+          for (int64_t q = 0; q < k / 4; ++q) put(q, word_at(4 * q) ^ 0x80808080u);
           continue;
         }
-        const auto code = [&](int64_t i) {  // element i of the row
-          const uint8_t byte = row[(i / 32) * 16 + i % 16];
-          return (i % 32) < 16 ? byte & 0x0F : byte >> 4;
-        };
-        for (int64_t p = 0; p < k / 8; ++p)
-          for (int j = 0; j < 4; ++j)
-            tile[(p * kLaneRows + c) * 4 + j] =
-                static_cast<uint8_t>(code(8 * p + j) | (code(8 * p + 4 + j) << 4));
+        // A group's 16 bytes: elements 0-15 in the low nibbles, 16-31 in the high ones; its
+        // octets 0-3 are elements 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles).
+        constexpr uint32_t kLow = 0x0F0F0F0Fu, kHigh = 0xF0F0F0F0u;
+        for (int64_t g = 0; g < k / 32; ++g) {
+          const uint32_t w0 = word_at(g * 16), w1 = word_at(g * 16 + 4);
+          const uint32_t w2 = word_at(g * 16 + 8), w3 = word_at(g * 16 + 12);
+          put(4 * g + 0, (w0 & kLow) | ((w1 << 4) & kHigh));
+          put(4 * g + 1, (w2 & kLow) | ((w3 << 4) & kHigh));
+          put(4 * g + 2, ((w0 >> 4) & kLow) | (w1 & kHigh));
+          put(4 * g + 3, ((w2 >> 4) & kLow) | (w3 & kHigh));
+        }
       }
     }
   });
