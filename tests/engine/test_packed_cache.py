@@ -5,6 +5,7 @@ cache."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -150,3 +151,19 @@ def test_a_full_disk_costs_only_the_cache(
         assert torch.equal(a, b)
     assert "cache not written" in caplog.text and "GiB needed" in caplog.text
     assert not list((root / "packed").iterdir())
+
+
+def test_released_pages_read_back_from_the_page_cache(tmp_path: Path) -> None:
+    """Where weights are tiled at load, the cache's touched pages are unmapped afterwards
+    (``release_pages``); the tensors still mapped from it (an embedding table) read the same."""
+    gguf = write_tiny_llama(tmp_path / "mix.gguf", MIX, T.Q4_K, is_tied=False)
+    root = tmp_path / "cache"
+    _load(gguf, root)
+    cache = PackedCache(gguf, root)
+    name = next(iter(json.loads((_entries(root)[0] / "index.json").read_text())["entries"]))
+    weight = cache.get(name)
+    assert weight is not None
+    before = [t.clone() for t in weight.tensors() if t is not None]
+    cache.release_pages()
+    after = [t for t in weight.tensors() if t is not None]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))

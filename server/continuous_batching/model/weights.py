@@ -239,6 +239,8 @@ def _install_gguf_packed(
         cache = PackedCache(reader.path, cache_root(config.load_cache_dir))
     start = time.perf_counter()
     load = install_packed_linears(model, reader, arch, kernels, is_int8, cache)
+    if cache is not None and load.is_lane_tiled:
+        cache.release_pages()
     model.weight_format = load.describe(model.cpu_path.level)
     logger.info(
         "GGUF weights kept quantised: %s; %d tensors, %.1f MiB packed, %s in %.1f s",

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import mmap
 import os
 import shutil
 from pathlib import Path
@@ -158,6 +159,15 @@ class PackedCache:
         logger.info("packed weights cached in %s (%.1f MiB)", self.folder, self._offset / 2**20)
         self._open()
         return self.is_hit
+
+    def release_pages(self) -> None:
+        """Unmap the pages this process touched (the file's pages stay in the page cache).
+        Weights tiled at load (``lane_tiles``) were read once and copied: their mapped pages
+        would otherwise count in the process's memory beside the tiles. Tensors still mapped
+        (an embedding table, untiled weights) fault their pages back in from the page cache."""
+        raw = getattr(self._data, "_mmap", None)
+        if raw is not None and hasattr(raw, "madvise"):
+            raw.madvise(mmap.MADV_DONTNEED)
 
     # -- reading -------------------------------------------------------------------------------
     def _open(self) -> None:
