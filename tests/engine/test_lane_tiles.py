@@ -8,6 +8,8 @@ must keep the plain layout."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -58,8 +60,13 @@ def test_tiling_is_exact_and_reversible(kernels, qtype) -> None:
         assert not hasattr(kernels, "lane_tile_codes")
         return
     tiled = weight.lane_tiled(kernels)
-    assert tiled.is_lane_tiled and tiled.num_bytes == weight.num_bytes
-    assert not torch.equal(tiled.codes.view(torch.uint8), weight.codes.view(torch.uint8))
+    assert tiled.is_lane_tiled and tiled.in_features == weight.in_features
+    if qtype == T.Q4_K:  # 4-bit codes keep their bytes, reordered
+        assert tiled.bits == 4 and tiled.num_bytes == weight.num_bytes
+        assert not torch.equal(tiled.codes, weight.codes)
+    else:  # Q5_K's and Q6_K's byte codes as 6 bits
+        assert tiled.bits == 6 and tiled.codes.shape == (48, 512 * 3 // 4)
+        assert tiled.num_bytes == weight.num_bytes - 48 * 512 // 4
     for plain, back in zip(weight.tensors(), tiled.untiled().tensors(), strict=True):
         assert (plain is None and back is None) or torch.equal(plain, back)
     assert torch.equal(tiled.dequantize(), weight.dequantize())
@@ -68,6 +75,20 @@ def test_tiling_is_exact_and_reversible(kernels, qtype) -> None:
     assert torch.equal(picked.dequantize(), weight.select_rows(index).dequantize())
     with pytest.raises(ValueError, match="cannot be tiled"):
         _weight(qtype, 40, 1, 1).lane_tiled(kernels)  # 40 rows: not whole tiles
+
+
+def test_byte_codes_beyond_six_bits_stay_untiled(kernels) -> None:
+    """6-bit tiles hold Q5_K's codes and Q6_K's plus 32; other byte codes keep the plain layout
+    (and the tiler itself refuses them)."""
+    if not kernels.has_lane_tiles:
+        return
+    weight = _weight(T.Q6_K, 16, 1, 9)
+    codes = weight.codes.clone()
+    codes[3, 7] = 40  # 72 once offset: no 6-bit code
+    odd = replace(weight, codes=codes)
+    assert odd.lane_tiled(kernels) is odd
+    with pytest.raises(RuntimeError, match="0..63"):
+        kernels.lane_tile_codes(codes, 8, 32)
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)

@@ -91,9 +91,10 @@ class PackedWeight:
         # The layouts of ``with_super_layout`` (qgemm_super.h): Q4_K and GPTQ int4 g128, Q5_K;
         # Q6_K.
         unsigned_layouts = ((4, 8), (4, 4), (8, 8))
-        is_super = (
-            is_unsigned and self.group == 32 and (self.bits, per_super) in unsigned_layouts
-        ) or (is_signed and self.bits == 8 and self.group == 16 and per_super == 16)
+        bits = 8 if self.bits == 6 else self.bits  # 6-bit tiles hold 8-bit codes
+        is_super = (is_unsigned and self.group == 32 and (bits, per_super) in unsigned_layouts) or (
+            is_signed and bits == 8 and self.group == 16 and per_super == 16
+        )
         return span if is_super and self.in_features % span == 0 else self.group
 
     @property
@@ -103,25 +104,34 @@ class PackedWeight:
         is_super = self.activation_group != self.group
         return is_super and self.num_rows % LANE_ROWS == 0 and not self.is_lane_tiled
 
+    @property
+    def _code_offset(self) -> int:
+        """What 8-bit codes gain as 6-bit tiles: Q6_K's signed codes (int8 group scales) + 32."""
+        return 32 if self.group_scale.dtype == torch.int8 else 0
+
     def lane_tiled(self, kernels: ModuleType) -> PackedWeight:
-        """This weight in the tiled layout (``kernels``: a build with ``lane_tile_codes``)."""
+        """This weight in the tiled layout (``kernels``: a build with ``lane_tile_codes``);
+        8-bit codes as 6-bit tiles where they fit (Q5_K, Q6_K: every one of them), else the
+        weight itself, untiled."""
         if not self.can_lane_tile:
             raise ValueError(f"a {self.source} weight of {self.num_rows} rows cannot be tiled")
+        if self.bits == 8:
+            low, high = torch.aminmax(self.codes.view(torch.int8))
+            if int(low) + self._code_offset < 0 or int(high) + self._code_offset > 63:
+                return self
         scales = [None if t is None else tile_rows(t) for t in self.tensors()[1:]]
-        codes = kernels.lane_tile_codes(self.codes, self.bits)
-        return replace(
-            self, **dict(zip(ROW_FIELDS, [codes, *scales], strict=True)), is_lane_tiled=True
-        )
+        codes = kernels.lane_tile_codes(self.codes, self.bits, self._code_offset)
+        fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
+        return replace(self, **fields, bits=6 if self.bits == 8 else 4, is_lane_tiled=True)
 
     def untiled(self) -> PackedWeight:
         """This weight in the plain packed layout (itself when it is not tiled)."""
         if not self.is_lane_tiled:
             return self
         scales = [None if t is None else untile_rows(t) for t in self.tensors()[1:]]
-        codes = untile_codes(self.codes, self.bits)
-        return replace(
-            self, **dict(zip(ROW_FIELDS, [codes, *scales], strict=True)), is_lane_tiled=False
-        )
+        codes = untile_codes(self.codes, self.bits, self._code_offset)
+        fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
+        return replace(self, **fields, bits=8 if self.bits == 6 else 4, is_lane_tiled=False)
 
     def tensors(self) -> list[torch.Tensor | None]:
         """Every row-indexed tensor, in field order (None where absent)."""

@@ -49,7 +49,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("is_int8_activations") = false, py::arg("is_tiled") = false);
 #if defined(LLM_SUITE_HAS_QGEMM_LANES)
   m.def("lane_tile_codes", &lane_tile_codes,
-        "packed codes [N, K*bits/8] -> the tiled layout of qgemm_lanes.h (N a multiple of 16)");
+        "packed codes [N, K*bits/8] -> the tiled layout of qgemm_lanes.h (N a multiple of 16; "
+        "8-bit codes + code_offset as 6-bit tiles)",
+        py::arg("codes"), py::arg("bits"), py::arg("code_offset") = 0);
   m.attr("has_lane_tiles") = true;
 #else
   m.attr("has_lane_tiles") = false;

@@ -5,14 +5,17 @@
 // codes take an and and a shift per 128 codes, and a row's 16 outputs are one store.
 //
 // The tiled layout, per tile of 16 weight rows (its bytes and its scales stay inside the tile's
-// own span of each tensor, so every tensor keeps its shape):
-//   codes, 4-bit: [K/8][16 rows][4] bytes, byte j of row c: code k = 8p + j in the low nibble,
-//                 8p + 4 + j in the high one;
-//   codes, 8-bit: [K/4][16 rows][4] bytes, code + 128 as an unsigned byte;
+// own span of each tensor):
+//   codes, 4-bit (Q4_K, GPTQ): [K/8][16 rows][4] bytes, byte j of row c: code k = 8p + j in
+//                 the low nibble, 8p + 4 + j in the high one (the tensor keeps its shape);
+//   codes, 6-bit (Q6_K as q + 32, Q5_K): per 16 k, 192 bytes: two 64-byte vectors of low
+//                 nibbles as above (k-quads 0 and 1, then 2 and 3), then one of high bits, byte
+//                 (4c + j) holding k-quad q's bits 4-5 at bits 2q, 2q + 1 (rows of K * 3 / 4
+//                 bytes where the plain layout stored a byte per code);
 //   group scales and offsets [K/G][16], super-block scales and offsets [K/L][16].
-// vpdpbusd takes unsigned weight bytes times signed x. 8-bit codes' + 128 adds
-// 128 sum_g sc_g sum(xq_g), taken off per super-block as the offsets' sums are (pairs of groups
-// a vpdpwssd, from x's group sums):
+// vpdpbusd takes unsigned weight bytes times signed x. Q6_K's + 32 adds 32 sum_g sc_g sum(xq_g),
+// taken off per super-block as the offsets' sums are (pairs of groups a vpdpwssd, from x's
+// group sums):
 //   y = sum_b d_b dx_b (sum_g sc_g (q_g . xq_g)) - dmin_b dx_b (sum_g m_g sum(xq_g))
 // The integer sums are qgemm_super.h's (its bounds hold): the same value as quant_linear_super,
 // up to float summation order.
@@ -59,10 +62,31 @@ inline __m512i lane_pairs(const uint8_t* first) {
 // R rows of x (from r0) against tile t's 16 weight rows: total[r] lane c = x row r0 + r . row
 // 16 t + c. Groups of 32 4-bit codes are 4 loads, of 8-bit codes G / 4 loads; with few rows the
 // loads alternate between two sets of accumulators (a chain of dependent vpdpbusd otherwise).
+// The 16 rows' next 4 codes of each of four k-quads from a 6-bit block (192 bytes).
+inline void six_bit_quads(const uint8_t* p, __m512i v[4]) {
+  const __m512i low = _mm512_set1_epi8(0x0F), top = _mm512_set1_epi8(0x30);
+  const __m512i n0 = _mm512_loadu_si512(p), n1 = _mm512_loadu_si512(p + 64);
+  const __m512i h = _mm512_loadu_si512(p + 128);
+  // (a & low) | (b & top), b's bits 4-5 already in place: one vpternlogd each.
+  const auto join = [&](__m512i a, __m512i b) {
+    return _mm512_ternarylogic_epi32(_mm512_and_si512(a, low), b, top, 0xF8);
+  };
+  v[0] = join(n0, _mm512_slli_epi16(h, 4));
+  v[1] = join(_mm512_srli_epi16(n0, 4), _mm512_slli_epi16(h, 2));
+  v[2] = join(n1, h);
+  v[3] = join(_mm512_srli_epi16(n1, 4), _mm512_srli_epi16(h, 2));
+}
+
+// R rows of x (from r0) against tile t's 16 weight rows: total[r] lane c = x row r0 + r . row
+// 16 t + c. A group's codes are G / 8 loads (4-bit) or G / 16 blocks of three (6-bit); with few
+// rows the k-quads alternate between two sets of accumulators (a chain of dependent vpdpbusd
+// otherwise).
 template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
 void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
                  __m512 total[R]) {
-  constexpr int kUnits = G * kLaneRows * B / 8 / 64, kUnitValues = 64 * 8 / B / kLaneRows;
+  static_assert(B == 4 || B == 6, "4- or 6-bit tiles");
+  constexpr int kGroupBytes = G * kLaneRows * B / 8;
+  constexpr int kQuads = B == 4 ? 2 : 4, kUnitBytes = B == 4 ? 64 : 192;  // per unit
   constexpr int A = R <= 2 ? 2 : 1;  // accumulator sets
   const int64_t k = w.k, ng = w.num_groups, ns = w.num_super;
   const uint8_t* codes = w.codes + t * kLaneRows * w.row_bytes;
@@ -80,27 +104,28 @@ void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
     for (int r = 0; r < R; ++r) block[r] = _mm512_setzero_si512();
     for (int g = 0; g < S; ++g) {
       const int64_t gi = b * S + g;
-      const uint8_t* unit = codes + gi * kUnits * 64;
+      const uint8_t* group_codes = codes + gi * kGroupBytes;
       const int8_t* xg = x + gi * G;
       __m512i acc[A][R];
       for (int a = 0; a < A; ++a)
         for (int r = 0; r < R; ++r) acc[a][r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
-      for (int u = 0; u < kUnits; ++u) {
-        const __m512i raw = _mm512_loadu_si512(unit + u * 64);
-        __builtin_prefetch(unit + u * 64 + kLanePrefetchBytes, 0, 3);
-        const int8_t* xu = xg + u * kUnitValues;
+      for (int u = 0; u < kGroupBytes / kUnitBytes; ++u) {
+        const uint8_t* unit = group_codes + u * kUnitBytes;
+        for (int line = 0; line < kUnitBytes; line += 64)
+          __builtin_prefetch(unit + line + kLanePrefetchBytes, 0, 3);
+        __m512i v[4];
         if constexpr (B == 4) {
-          const __m512i lo = _mm512_and_si512(raw, mask);
-          const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
-          for (int r = 0; r < R; ++r) {
-            acc[0][r] = _mm512_dpbusd_epi32(acc[0][r], lo, broadcast_quad(xu + r * k));
-            acc[A - 1][r] = _mm512_dpbusd_epi32(acc[A - 1][r], hi, broadcast_quad(xu + r * k + 4));
-          }
+          const __m512i raw = _mm512_loadu_si512(unit);
+          v[0] = _mm512_and_si512(raw, mask);
+          v[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
         } else {
-          for (int r = 0; r < R; ++r)
-            acc[u % A][r] = _mm512_dpbusd_epi32(acc[u % A][r], raw, broadcast_quad(xu + r * k));
+          six_bit_quads(unit, v);
         }
+        const int8_t* xu = xg + u * kQuads * 4;
+        for (int r = 0; r < R; ++r)
+          for (int q = 0; q < kQuads; ++q)
+            acc[q % A][r] = _mm512_dpbusd_epi32(acc[q % A][r], v[q], broadcast_quad(xu + r * k + 4 * q));
       }
       const __m512i sc = lane_scales<SIGNED>(scales + gi * kLaneRows);
       for (int r = 0; r < R; ++r) {
@@ -108,21 +133,21 @@ void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
         block[r] = _mm512_add_epi32(block[r], _mm512_mullo_epi32(sum, sc));
       }
     }
-    // Per row, the offsets' integer sums and the 8-bit codes' + 128 (128 sum_g sc_g sum(xq_g),
-    // taken off the group sums exactly in int32), pairs of groups a vpdpwssd.
+    // Per row, the offsets' integer sums and Q6_K's + 32 (32 sum_g sc_g sum(xq_g), taken off
+    // the group sums exactly in int32), pairs of groups a vpdpwssd.
     __m512i offsets[R];
     for (int r = 0; r < R; ++r) offsets[r] = _mm512_setzero_si512();
     for (int j = 0; j < S / 2; ++j) {
       const int64_t g0 = b * S + 2 * j;
       __m512i min_pairs = _mm512_setzero_si512(), bias_pairs = _mm512_setzero_si512();
       if constexpr (OFFSET) min_pairs = lane_pairs<false, 0>(mins + g0 * kLaneRows);
-      if constexpr (B == 8) bias_pairs = lane_pairs<SIGNED, 7>(scales + g0 * kLaneRows);
+      if constexpr (SIGNED) bias_pairs = lane_pairs<SIGNED, 5>(scales + g0 * kLaneRows);
       for (int r = 0; r < R; ++r) {
         int32_t both;
         std::memcpy(&both, xsums + r * ng + g0, sizeof(both));
         const __m512i xs = _mm512_set1_epi32(both);
         if constexpr (OFFSET) offsets[r] = _mm512_dpwssd_epi32(offsets[r], min_pairs, xs);
-        if constexpr (B == 8)
+        if constexpr (SIGNED)
           block[r] = _mm512_sub_epi32(block[r], _mm512_madd_epi16(bias_pairs, xs));
       }
     }
@@ -136,6 +161,20 @@ void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
                                     total[r]);
     }
   }
+}
+
+// The tiled layouts: with_super_layout's, 8-bit codes tiled as 6 bits (B = 6).
+template <typename Fn>
+inline bool with_lane_layout(const QuantWeight& w, Fn&& fn) {
+  if (w.bits != 4 && w.bits != 6) return false;
+  QuantWeight plain = w;
+  plain.bits = w.bits == 6 ? 8 : 4;
+  return with_super_layout(plain, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
+    if constexpr (decltype(b)::value == 8)
+      fn(Const<6>{}, g, s, is_signed, is_offset);
+    else
+      fn(b, g, s, is_signed, is_offset);
+  });
 }
 
 // 16 float32 outputs of one row, bias added, stored in the call's dtype (bf16: nearest even).
@@ -163,12 +202,12 @@ void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t
 // y = x . W^T (+ bias) with W in the tiled layout and x quantised per super-block.
 at::Tensor quant_linear_lanes(const at::Tensor& x, const QuantWeight& w,
                               const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(super_layout(w) && w.n % kLaneRows == 0,
+  TORCH_CHECK(with_lane_layout(w, [](auto, auto, auto, auto, auto) {}) && w.n % kLaneRows == 0,
               "tiled weights: a super-block layout and rows in whole tiles of 16");
   const QuantCall call = begin_quant_call(x, w, bias);
   if (call.is_empty()) return call.out;
   const int64_t m = call.m, num_tiles = w.n / kLaneRows;
-  with_super_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
+  with_lane_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
     constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
     constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
     const SuperRows xq = quantize_super(call.xf.data_ptr<float>(), m, w.k, G * S, G, false);
@@ -190,51 +229,66 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const QuantWeight& w,
   });
   return call.out;
 }
-// The codes [N, K * B / 8] of the packed layout (qgemm.h: 4-bit, byte j of a group of 32 holds
-// elements j and j + 16; 8-bit, int8) in the tiled layout above, uint8; N a multiple of 16.
-at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits) {
+// The codes [N, K * bits / 8] of the packed layout (qgemm.h: 4-bit, byte j of a group of 32
+// holds elements j and j + 16; 8-bit, int8) in the tiled layout above, uint8; 8-bit codes
+// become 6-bit tiles of code + code_offset, which must lie in 0..63. N a multiple of 16.
+at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits, int64_t code_offset) {
   TORCH_CHECK(bits == 4 || bits == 8, "codes of 4 or 8 bits");
   const bool is_bytes = codes.scalar_type() == at::kByte || codes.scalar_type() == at::kChar;
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && is_bytes && codes.size(0) % kLaneRows == 0,
               "codes (u)int8 [N, K*bits/8], contiguous, N a multiple of 16");
   const int64_t n = codes.size(0), row_bytes = codes.size(1), k = row_bytes * 8 / bits;
   TORCH_CHECK(k % 32 == 0, "K a multiple of 32");
-  at::Tensor out = at::empty(codes.sizes(), codes.options().dtype(at::kByte));  // unsigned codes
+  const int64_t out_row_bytes = bits == 4 ? row_bytes : k * 3 / 4;
+  at::Tensor out = at::empty({n, out_row_bytes}, codes.options().dtype(at::kByte));
   const auto* src = static_cast<const uint8_t*>(codes.data_ptr());
   uint8_t* dst = out.data_ptr<uint8_t>();
+  std::atomic<bool> is_in_range{true};
   at::parallel_for(0, n / kLaneRows, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t t = t0; t < t1; ++t) {
       const uint8_t* rows = src + t * kLaneRows * row_bytes;
-      uint8_t* tile = dst + t * kLaneRows * row_bytes;
+      uint8_t* tile = dst + t * kLaneRows * out_row_bytes;
       for (int64_t c = 0; c < kLaneRows; ++c) {
         const uint8_t* row = rows + c * row_bytes;
-        // 32 bits at a time: a code quad is one word of the tile.
-        const auto put = [&](int64_t quad, uint32_t word) {
-          std::memcpy(tile + (quad * kLaneRows + c) * 4, &word, sizeof(word));
-        };
         const auto word_at = [&](int64_t offset) {
           uint32_t word;
           std::memcpy(&word, row + offset, sizeof(word));
           return word;
         };
-        if (bits == 8) {
-          for (int64_t q = 0; q < k / 4; ++q) put(q, word_at(4 * q) ^ 0x80808080u);
+        const auto put = [&](int64_t offset, uint32_t word) {  // row c's word at a vector
+          std::memcpy(tile + offset + c * 4, &word, sizeof(word));
+        };
+        constexpr uint32_t kLow = 0x0F0F0F0Fu, kHigh = 0xF0F0F0F0u;
+        if (bits == 8) {  // per 16 k: two vectors of nibbles, one of high bits
+          for (int64_t blk = 0; blk < k / 16; ++blk) {
+            uint32_t nibbles[2] = {0, 0}, high = 0;
+            for (int q = 0; q < 4; ++q)
+              for (int j = 0; j < 4; ++j) {
+                const int v = static_cast<int8_t>(row[blk * 16 + 4 * q + j]) + code_offset;
+                if (v < 0 || v > 63) is_in_range = false;
+                nibbles[q / 2] |= static_cast<uint32_t>(v & 0x0F) << (8 * j + 4 * (q % 2));
+                high |= static_cast<uint32_t>((v >> 4) & 3) << (8 * j + 2 * q);
+              }
+            put(blk * 192, nibbles[0]);
+            put(blk * 192 + 64, nibbles[1]);
+            put(blk * 192 + 128, high);
+          }
           continue;
         }
         // A group's 16 bytes: elements 0-15 in the low nibbles, 16-31 in the high ones; its
         // octets 0-3 are elements 0-7, 8-15 (low nibbles), 16-23, 24-31 (high nibbles).
-        constexpr uint32_t kLow = 0x0F0F0F0Fu, kHigh = 0xF0F0F0F0u;
         for (int64_t g = 0; g < k / 32; ++g) {
           const uint32_t w0 = word_at(g * 16), w1 = word_at(g * 16 + 4);
           const uint32_t w2 = word_at(g * 16 + 8), w3 = word_at(g * 16 + 12);
-          put(4 * g + 0, (w0 & kLow) | ((w1 << 4) & kHigh));
-          put(4 * g + 1, (w2 & kLow) | ((w3 << 4) & kHigh));
-          put(4 * g + 2, ((w0 >> 4) & kLow) | (w1 & kHigh));
-          put(4 * g + 3, ((w2 >> 4) & kLow) | (w3 & kHigh));
+          put((4 * g + 0) * 64, (w0 & kLow) | ((w1 << 4) & kHigh));
+          put((4 * g + 1) * 64, (w2 & kLow) | ((w3 << 4) & kHigh));
+          put((4 * g + 2) * 64, ((w0 >> 4) & kLow) | (w1 & kHigh));
+          put((4 * g + 3) * 64, ((w2 >> 4) & kLow) | (w3 & kHigh));
         }
       }
     }
   });
+  TORCH_CHECK(is_in_range.load(), "8-bit codes plus code_offset must lie in 0..63 for 6-bit tiles");
   return out;
 }
 #endif
