@@ -1,5 +1,7 @@
 // Batches and prefills of the super-block layouts (K-quants, GPTQ g128) with AVX512-VNNI: the
 // integer products of qgemm_super.h, computed as a GEMM instead of row-by-row dot products.
+// Weights tiled at load run qgemm_lanes.h instead (no per-call panels); this GEMM serves the
+// plain layout: weights whose rows are not whole tiles of 16, and direct callers.
 // vpdpbusd multiplies 64 byte pairs into 16 int32 lanes; on a Zen 5 core it issues twice per
 // cycle (548 GMAC/s a core, against 253 for vdpbf16ps), where the dot-product kernels, which
 // reload every row of x per weight row and sum horizontally, reach about 250 GMAC/s on 2 cores.
