@@ -15,14 +15,13 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType as T
 
-from server.continuous_batching.model import cpu_kernels
 from server.continuous_batching.quantization.lane_tiles import tile_rows, untile_rows
 from server.continuous_batching.quantization.packed_gguf import repack
 from server.continuous_batching.quantization.packed_linear import (
     PackedLinear,
     quantize_activations,
 )
-from tests.support.cpu_paths import kernel_levels
+from tests.support.cpu_paths import built_kernels, kernel_levels
 from tests.support.gguf_files import random_blocks
 
 K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
@@ -30,10 +29,7 @@ K_QUANTS = (T.Q4_K, T.Q5_K, T.Q6_K)
 
 @pytest.fixture(scope="module", params=kernel_levels())
 def kernels(request):
-    module = cpu_kernels.load(request.param)
-    if module is None:
-        pytest.fail(f"the fused CPU kernels ({request.param}) could not be built (see the log)")
-    return module
+    return built_kernels(request.param)
 
 
 def _weight(qtype: T, rows: int, num_super: int, seed: int):

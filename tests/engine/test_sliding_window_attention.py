@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from server.continuous_batching.model import cpu_kernels, paged_attention
+from server.continuous_batching.model import paged_attention
 from server.continuous_batching.model.attention import build_attention_metadata
 from server.continuous_batching.model.paged_attention import PagedAttention
-from tests.support.cpu_paths import kernel_levels
+from tests.support.cpu_paths import built_kernels, kernel_levels
 from tests.support.windowed_attention import WindowedCase, windowed_case
 
 CPU = torch.device("cpu")
@@ -65,10 +65,7 @@ def test_window_changes_the_answer() -> None:
 
 @pytest.fixture(scope="module", params=kernel_levels())
 def kernels(request):
-    module = cpu_kernels.load(request.param)
-    if module is None:
-        pytest.fail(f"the {request.param} kernels could not be built")
-    return module
+    return built_kernels(request.param)
 
 
 @pytest.mark.parametrize("window,softcap,scale", OPTIONS)

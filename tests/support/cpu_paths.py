@@ -4,6 +4,10 @@ compiled for it alone)."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
+import pytest
+
 from server.continuous_batching.model import cpu_isa, cpu_kernels
 
 
@@ -16,3 +20,11 @@ def runnable_levels() -> list[str]:
 def kernel_levels() -> list[str]:
     """The runnable levels that have fused kernels (all but generic)."""
     return [level for level in runnable_levels() if level in cpu_kernels.ISA_FLAGS]
+
+
+def built_kernels(level: str) -> ModuleType:
+    """The fused kernels of ``level``, built if need be; the test fails when they cannot be."""
+    module = cpu_kernels.load(level)
+    if module is None:
+        pytest.fail(f"the fused CPU kernels ({level}) could not be built (see the log)")
+    return module

@@ -25,21 +25,34 @@ def tile_rows(values: torch.Tensor) -> torch.Tensor:
     return values.view(n // LANE_ROWS, LANE_ROWS, c).transpose(1, 2).contiguous().view(n, c)
 
 
-def untile_rows(values: torch.Tensor) -> torch.Tensor:
-    """The inverse of ``tile_rows``."""
+def _picked(tiled: torch.Tensor, rows: torch.Tensor | None, row_dim: int) -> torch.Tensor:
+    """``tiled`` [tiles, ...] with a tile's row along ``row_dim``: the rows ``rows`` (all when
+    None), each as [...] without its row dimension, stacked first."""
+    if rows is None:
+        rows = torch.arange(tiled.shape[0] * LANE_ROWS)
+    index: list[torch.Tensor | slice] = [slice(None)] * tiled.dim()
+    index[0], index[row_dim] = rows // LANE_ROWS, rows % LANE_ROWS
+    return tiled[tuple(index)]
+
+
+def untile_rows(values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The inverse of ``tile_rows``: the rows ``rows`` (all when None) of the plain [N, C]."""
     n, c = values.shape
-    return values.view(n // LANE_ROWS, c, LANE_ROWS).transpose(1, 2).contiguous().view(n, c)
+    return _picked(values.view(n // LANE_ROWS, c, LANE_ROWS), rows, 2).contiguous()
 
 
-def untile_codes(codes: torch.Tensor, bits: int, code_offset: int = 0) -> torch.Tensor:
+def untile_codes(
+    codes: torch.Tensor, bits: int, code_offset: int = 0, rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """Tiled codes back in the packed layout (``packed_gguf``: 4-bit, uint8, byte j of a group
-    of 32 holds elements j and j + 16; 6-bit tiles as 8-bit int8 codes, less ``code_offset``)."""
+    of 32 holds elements j and j + 16; 6-bit tiles as 8-bit int8 codes, less ``code_offset``):
+    the rows ``rows``, all when None (an embedding lookup untiles only its tokens' rows)."""
     n, row_bytes = codes.shape
     k = row_bytes * 8 // bits
     tiles = n // LANE_ROWS
     if bits == 6:
-        blocks = codes.view(tiles, k // 16, 3, LANE_ROWS, 4).to(torch.int16)
-        nibbles = torch.stack(
+        blocks = _picked(codes.view(tiles, k // 16, 3, LANE_ROWS, 4), rows, 3).to(torch.int16)
+        nibbles = torch.stack(  # [rows, K/16, 4 quads, 4]
             [
                 blocks[:, :, 0] & 0x0F,
                 blocks[:, :, 0] >> 4,
@@ -48,11 +61,11 @@ def untile_codes(codes: torch.Tensor, bits: int, code_offset: int = 0) -> torch.
             ],
             dim=2,
         )
-        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int16).view(1, 1, 4, 1, 1)
-        high = (blocks[:, :, 2:3] >> shifts) & 3  # [tiles, K/16, 4 quads, 16, 4]
+        shifts = torch.tensor([0, 2, 4, 6], dtype=torch.int16).view(1, 1, 4, 1)
+        high = (blocks[:, :, 2:3] >> shifts) & 3
         values = (nibbles | (high << 4)) - code_offset
-        return values.permute(0, 3, 1, 2, 4).reshape(n, k).to(torch.int8).contiguous()
-    octets = codes.view(tiles, k // 8, LANE_ROWS, 4)
-    halves = torch.stack([octets & 0x0F, octets >> 4], dim=3)  # [tiles, K/8, 16, 2, 4]
-    values = halves.permute(0, 2, 1, 3, 4).reshape(n, k // 32, 2, 16)
-    return (values[:, :, 0] | (values[:, :, 1] << 4)).reshape(n, k // 2).contiguous()
+        return values.reshape(-1, k).to(torch.int8)
+    octets = _picked(codes.view(tiles, k // 8, LANE_ROWS, 4), rows, 2)  # [rows, K/8, 4]
+    halves = torch.stack([octets & 0x0F, octets >> 4], dim=2)  # k = 8p + 4h + j
+    values = halves.reshape(-1, k // 32, 2, 16)
+    return (values[:, :, 0] | (values[:, :, 1] << 4)).reshape(-1, k // 2)

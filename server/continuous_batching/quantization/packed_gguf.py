@@ -128,12 +128,13 @@ class PackedWeight:
         fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
         return replace(self, **fields, bits=6 if self.bits == 8 else 4, is_lane_tiled=True)
 
-    def untiled(self) -> PackedWeight:
-        """This weight in the plain packed layout (itself when it is not tiled)."""
+    def untiled(self, rows: torch.Tensor | None = None) -> PackedWeight:
+        """This weight in the plain packed layout (itself when it is not tiled): its rows
+        ``rows`` (all when None) of a tiled one."""
         if not self.is_lane_tiled:
-            return self
-        scales = [None if t is None else untile_rows(t) for t in self.tensors()[1:]]
-        codes = untile_codes(self.codes, self.bits, self._code_offset)
+            return self if rows is None else self.select_rows(rows)
+        scales = [None if t is None else untile_rows(t, rows) for t in self.tensors()[1:]]
+        codes = untile_codes(self.codes, self.bits, self._code_offset, rows)
         fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
         return replace(self, **fields, bits=8 if self.bits == 6 else 4, is_lane_tiled=False)
 
@@ -154,16 +155,9 @@ class PackedWeight:
 
     def select_rows(self, index: torch.Tensor) -> PackedWeight:
         """The rows ``index`` (permuting rows of a row-quantised matrix is exact), in the plain
-        layout: from a tiled weight, their tiles are untiled first."""
+        layout (from a tiled weight, only those rows are untiled)."""
         if self.is_lane_tiled:
-            tiles = index // LANE_ROWS
-
-            def tile_rows_of(t: torch.Tensor) -> torch.Tensor:
-                return t.view(-1, LANE_ROWS * t.shape[1])[tiles].view(-1, t.shape[1])
-
-            parts = [None if t is None else tile_rows_of(t) for t in self.tensors()]
-            plain = replace(self, **dict(zip(ROW_FIELDS, parts, strict=True))).untiled()
-            return plain.select_rows(torch.arange(len(index)) * LANE_ROWS + index % LANE_ROWS)
+            return self.untiled(index)
         picked = [None if t is None else t.index_select(0, index) for t in self.tensors()]
         return replace(self, **dict(zip(ROW_FIELDS, picked, strict=True)))
 
