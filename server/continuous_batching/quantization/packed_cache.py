@@ -75,6 +75,7 @@ class PackedCache:
         self.folder = root / "packed" / f"{source.stem}-{source_key(source, _layout_version())}"
         self._entries: dict[str, dict[str, Any]] = {}
         self._data: np.ndarray | None = None
+        self._map: mmap.mmap | None = None  # behind _data
         self._tmp = self.folder.with_name(f"{self.folder.name}.tmp{os.getpid()}")
         self._out: BinaryIO | None = None
         self._offset = 0
@@ -165,9 +166,8 @@ class PackedCache:
         Weights tiled at load (``lane_tiles``) were read once and copied: their mapped pages
         would otherwise count in the process's memory beside the tiles. Tensors still mapped
         (an embedding table, untiled weights) fault their pages back in from the page cache."""
-        raw = getattr(self._data, "_mmap", None)
-        if raw is not None and hasattr(raw, "madvise"):
-            raw.madvise(mmap.MADV_DONTNEED)
+        if self._map is not None:
+            self._map.madvise(mmap.MADV_DONTNEED)
 
     # -- reading -------------------------------------------------------------------------------
     def _open(self) -> None:
@@ -182,11 +182,13 @@ class PackedCache:
                 raise ValueError("the index does not describe this data")
             # Copy-on-write: the arrays are writable for torch, never written, so every page
             # stays the file's (shared, reclaimable).
-            self._data = np.memmap(data_file, dtype=np.uint8, mode="c")
+            with data_file.open("rb") as file:
+                self._map = mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_COPY)
+            self._data = np.frombuffer(self._map, dtype=np.uint8)
             self._entries = index["entries"]
         except (OSError, ValueError, KeyError, TypeError) as error:
             logger.warning("ignoring damaged packed-weight cache %s: %s", self.folder, error)
-            self._data, self._entries = None, {}
+            self._data, self._map, self._entries = None, None, {}
 
     def _tensor(self, spec: dict[str, Any]) -> torch.Tensor:
         assert self._data is not None
