@@ -9,6 +9,41 @@
 
 namespace {
 
+// One work item of decode attention: a sequence's kv heads [g0, g1) and their query heads.
+template <typename T>
+struct DecodeItem {
+  const T* q;  // the sequence's query row; head h at q + h * q_head_stride
+  int64_t q_head_stride;
+  const T* k_cache;
+  const T* v_cache;
+  int64_t k_row, v_row, k_head, v_head;  // cache strides: per slot, per kv head
+  int64_t g0, g1, rep;
+  const int32_t* table;
+  int64_t block_size;
+  int64_t first, len;  // positions [first, len): a sliding window starts past 0
+  float scale, softcap;
+  T* out;  // head h at out + h * out_head_stride
+  int64_t out_head_stride;
+};
+
+// Per-thread scratch of decode attention, sized for every head of a sequence.
+struct DecodeScratch {
+  std::vector<float> acc, run_max, run_sum, correction, scores, q_scaled;
+  std::vector<const void*> queries;
+  std::vector<int64_t> k_offsets;
+  DecodeScratch(int64_t num_heads, int64_t head_dim)
+      : acc(num_heads * head_dim),
+        // Per head and a vector's padding (up to 16 lanes); the scores start zeroed, so that
+        // the padding lanes the dots never write stay finite.
+        run_max(num_heads + 16),
+        run_sum(num_heads + 16),
+        correction(num_heads + 16),
+        scores((num_heads + 16) * kChunk),
+        q_scaled(num_heads * head_dim),
+        queries(num_heads + 4),
+        k_offsets(num_heads + 4) {}
+};
+
 #if defined(LLM_SUITE_HAS_SIMD)
 // q . k of one head against cache rows, unreduced (W partial sums). float32 caches: FMAs on
 // the rows as stored; bfloat16 caches: rows widened to float32 in registers (a 16-bit shift),
@@ -45,137 +80,163 @@ struct HeadDot<Simd512, c10::BFloat16, HD> {
 };
 #endif
 
-// One sequence's decode attention for kv heads [g0, g1) in ONE pass over its cache rows, with
-// an online softmax over chunks of kChunk positions. While the first head of a chunk runs, the
-// rows of the next chunk are prefetched into L2: blocks are scattered, so the hardware
-// prefetchers lose the stream at every block edge.
-template <class S, typename T, int HD>
-void decode_sequence(const T* q, int64_t q_head_stride, const T* k_cache, const T* v_cache,
-                     int64_t k_row, int64_t v_row, int64_t k_head, int64_t v_head, int64_t g0,
-                     int64_t g1, int64_t rep, const int32_t* table, int64_t block_size,
-                     int64_t first, int64_t len, float scale, float softcap, float* acc,
-                     float* run_max, float* run_sum, float* scores, T* out,
-                     int64_t out_head_stride) {
+// acc[r] += sum_p w[p * ldw + r] v_p for NR query heads of one kv head over n value rows (the
+// kv head's slice at offset off), in slices of the head that fit the registers with NR heads'
+// sums (a compile-time NR: a runtime count kept the sums on the stack).
+template <class S, typename T, int HD, int NR>
+inline void value_pass(const T* const* v_rows, int64_t off, int64_t n, const float* w,
+                       int64_t ldw, float* acc) {
   using F = typename S::F;
   constexpr int W = S::W, V = HD / W;
-  // Value vectors per pass: a slice of the head that fits the registers with R heads' sums.
-  constexpr int VS = V < S::kValueSlice ? V : S::kValueSlice, R = S::kValueRows;
-  const int64_t h0 = g0 * rep, h1 = g1 * rep;
+  constexpr int VS = V < S::kValueSlice ? V : S::kValueSlice;
+  for (int j0 = 0; j0 < V; j0 += VS) {
+    F a[NR][VS];
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < VS; ++j) a[r][j] = S::load(acc + r * HD + W * (j0 + j));
+    for (int64_t p = 0; p < n; ++p) {
+      const T* vp = v_rows[p] + off + W * j0;
+      F v[VS];
+      for (int j = 0; j < VS; ++j) v[j] = S::load(vp + W * j);
+      for (int r = 0; r < NR; ++r) {
+        const F s = S::set1(w[p * ldw + r]);
+        for (int j = 0; j < VS; ++j) a[r][j] = S::fmadd(s, v[j], a[r][j]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < VS; ++j) S::store(acc + r * HD + W * (j0 + j), a[r][j]);
+  }
+}
+
+// Row pointers of positions [p0, p0 + n) of one cache through a block table (one division).
+template <typename T>
+inline void paged_rows(const T* cache, int64_t row_stride, const int32_t* table,
+                       int64_t block_size, int64_t p0, int64_t n, const T** rows) {
+  int64_t b = p0 / block_size, o = p0 - b * block_size;
+  for (int64_t i = 0; i < n; ++i) {
+    rows[i] = cache + (static_cast<int64_t>(table[b]) * block_size + o) * row_stride;
+    if (++o == block_size) o = 0, ++b;
+  }
+}
+
+// Rows of K fetched ahead of their use (and each V row while its K row is scored): a row is
+// every kv head of the item (1 KB for 8 heads of 64 bf16) and blocks are scattered, so the
+// hardware prefetchers lose the stream at every block edge. 32 rows of 300 positions, 16
+// layers of the 1B shape, 2 threads of the Zen 5 here: 18.7 ms without, 11.0-12.1 ms with at
+// any distance from 2 to 24 rows and either hint (hot caches: 5.1 ms; memory-bound).
+constexpr int64_t kRowsAhead = 6;
+
+// One sequence's decode attention for kv heads [g0, g1) in ONE pass over its cache rows, with
+// an online softmax over chunks of kChunk positions. Position-major: each K row is read once
+// for all of the item's query heads (their scores one row of a [kChunk][heads] block, four
+// heads per horizontal reduction), and the softmax runs across heads, W heads a vector, with
+// no horizontal reduction at all. Values: per kv head, R query heads at a time.
+template <class S, typename T, int HD>
+void decode_sequence(const DecodeItem<T>& it, DecodeScratch& scratch) {
+  using F = typename S::F;
+  constexpr int W = S::W, V = HD / W;
+  constexpr int R = S::kValueRows;
+  const int64_t rep = it.rep, h0 = it.g0 * rep, h1 = it.g1 * rep, nh = h1 - h0;
+  const int64_t ldh = (nh + W - 1) / W * W;  // a score row: the item's heads, whole vectors
   // With float32 caches q is pre-scaled; bfloat16 q stays as stored and scores are scaled.
   constexpr bool kScaleScores = !std::is_same_v<T, float>;
-  alignas(64) float q_scaled[HD];
-  const T* k_rows[kChunk];
+  float* acc = scratch.acc.data() + h0 * HD;
+  float* run_max = scratch.run_max.data();
+  float* run_sum = scratch.run_sum.data();
+  float* correction = scratch.correction.data();
+  float* scores = scratch.scores.data();
+  // Per item head (padded to whole fours with the last one): its query and its kv head's
+  // offset in a K row, so that the dots divide nothing.
+  const void** queries = scratch.queries.data();
+  int64_t* k_offsets = scratch.k_offsets.data();
+  for (int64_t h = 0; h < (nh + 3) / 4 * 4; ++h) {
+    const int64_t hh = h0 + std::min(h, nh - 1);
+    k_offsets[h] = (hh / rep) * it.k_head;
+    if constexpr (kScaleScores) {
+      queries[h] = it.q + hh * it.q_head_stride;
+    } else {
+      float* qs = scratch.q_scaled.data() + std::min(h, nh - 1) * HD;
+      for (int j = 0; j < HD; ++j) qs[j] = to_f32(it.q[hh * it.q_head_stride + j]) * it.scale;
+      queries[h] = qs;
+    }
+  }
+  for (int64_t i = 0; i < ldh; ++i) run_max[i] = -INFINITY, run_sum[i] = 0.0f;
+  std::fill(acc, acc + nh * HD, 0.0f);
+  const char* k_base = reinterpret_cast<const char*>(it.k_cache + it.g0 * it.k_head);
+  const char* v_base = reinterpret_cast<const char*>(it.v_cache + it.g0 * it.v_head);
+  const int64_t k_bytes = (it.g1 - it.g0) * it.k_head * static_cast<int64_t>(sizeof(T));
+  const int64_t v_bytes = (it.g1 - it.g0) * it.v_head * static_cast<int64_t>(sizeof(T));
+  const T* k_rows[kChunk + kRowsAhead];
   const T* v_rows[kChunk];
-  for (int64_t h = h0; h < h1; ++h) {
-    run_max[h] = -INFINITY;
-    run_sum[h] = 0.0f;
-    for (int j = 0; j < HD; ++j) acc[h * HD + j] = 0.0f;
-  }
-  // Bytes of the kv heads [g0, g1) in one cache row (contiguous when the heads are).
-  const char* k_base = reinterpret_cast<const char*>(k_cache + g0 * k_head);
-  const char* v_base = reinterpret_cast<const char*>(v_cache + g0 * v_head);
-  const int64_t k_bytes = (g1 - g0) * k_head * static_cast<int64_t>(sizeof(T));
-  const int64_t v_bytes = (g1 - g0) * v_head * static_cast<int64_t>(sizeof(T));
-  auto slot_of = [&](int64_t p) {
-    return static_cast<int64_t>(table[p / block_size]) * block_size + p % block_size;
-  };
-  // Positions [first, len): a sliding window starts past 0 (see paged_decode_attention).
-  for (int64_t c0 = first; c0 < len; c0 += kChunk) {
-    const int64_t n = std::min(kChunk, len - c0);
-    const int64_t n_padded = (n + W - 1) / W * W;  // <= kChunk: the score rows' size
+  for (int64_t c0 = it.first; c0 < it.len; c0 += kChunk) {
+    const int64_t n = std::min(kChunk, it.len - c0);
+    const int64_t num_known = std::min(kChunk + kRowsAhead, it.len - c0);
+    paged_rows(it.k_cache, it.k_row, it.table, it.block_size, c0, num_known, k_rows);
+    paged_rows(it.v_cache, it.v_row, it.table, it.block_size, c0, n, v_rows);
     for (int64_t i = 0; i < n; ++i) {
-      const int64_t slot = slot_of(c0 + i);
-      k_rows[i] = k_cache + slot * k_row;
-      v_rows[i] = v_cache + slot * v_row;
-    }
-    const int64_t num_ahead = std::max<int64_t>(0, std::min(kChunk, len - c0 - kChunk));
-    const int64_t share = (num_ahead + (h1 - h0) - 1) / (h1 - h0);
-    for (int64_t h = h0; h < h1; ++h) {
-      const int64_t g = h / rep;
-      HeadDot<S, T, HD> dot;
-      if constexpr (kScaleScores) {
-        dot.load(q + h * q_head_stride);
-      } else {
-        for (int j = 0; j < HD; ++j) q_scaled[j] = to_f32(q[h * q_head_stride + j]) * scale;
-        dot.load(reinterpret_cast<const T*>(q_scaled));
+      if (i + kRowsAhead < num_known) {  // K ahead into L1, this row's V into L2
+        const char* k_next = k_base + (k_rows[i + kRowsAhead] - it.k_cache) * sizeof(T);
+        for (int64_t o = 0; o < k_bytes; o += 64) _mm_prefetch(k_next + o, _MM_HINT_T0);
       }
-      float* sh = scores + (h - h0) * kChunk;
-      int64_t p = 0;
-      // This head's share of the next chunk's rows, one row per four positions scored: a
-      // burst of prefetches would overflow the miss queue and be dropped.
-      const int64_t share_begin = (h - h0) * share, share_end = std::min(num_ahead, share_begin + share);
-      for (; p + 4 <= n; p += 4) {
-        if (const int64_t i = share_begin + p / 4; i < share_end) {
-          const int64_t slot = slot_of(c0 + kChunk + i);
-          for (int64_t o = 0; o < k_bytes; o += 64)
-            _mm_prefetch(k_base + slot * k_row * sizeof(T) + o, _MM_HINT_T1);
-          for (int64_t o = 0; o < v_bytes; o += 64)
-            _mm_prefetch(v_base + slot * v_row * sizeof(T) + o, _MM_HINT_T1);
+      const char* v_this = v_base + (v_rows[i] - it.v_cache) * sizeof(T);
+      for (int64_t o = 0; o < v_bytes; o += 64) _mm_prefetch(v_this + o, _MM_HINT_T1);
+      float* row = scores + i * ldh;
+      for (int64_t h = 0; h < nh; h += 4) {  // past the last head: padding lanes
+        F part[4];
+        for (int j = 0; j < 4; ++j) {
+          HeadDot<S, T, HD> dot;
+          dot.load(static_cast<const T*>(queries[h + j]));
+          part[j] = dot.partial(k_rows[i] + k_offsets[h + j]);
         }
-        const int64_t off = g * k_head;
-        __m128 s = S::reduce4(dot.partial(k_rows[p] + off), dot.partial(k_rows[p + 1] + off),
-                              dot.partial(k_rows[p + 2] + off), dot.partial(k_rows[p + 3] + off));
-        if constexpr (kScaleScores) s = _mm_mul_ps(s, _mm_set1_ps(scale));
-        _mm_storeu_ps(sh + p, s);
+        __m128 s = S::reduce4(part[0], part[1], part[2], part[3]);
+        if constexpr (kScaleScores) s = _mm_mul_ps(s, _mm_set1_ps(it.scale));
+        _mm_storeu_ps(row + h, s);
       }
-      for (; p < n; ++p) {
-        const float s = S::reduce_add(dot.partial(k_rows[p] + g * k_head));
-        sh[p] = kScaleScores ? s * scale : s;
-      }
-      // Soft-capping (Gemma 2): scalar tanh, a pass over n scores per head beside the dots.
-      if (softcap > 0.0f)
-        for (int64_t i = 0; i < n; ++i) sh[i] = softcap * std::tanh(sh[i] / softcap);
-      // The tail up to whole vectors scores -inf: it weighs exp(-87), ~1e-38, and no value
-      // row is read for it.
-      for (; p < n_padded; ++p) sh[p] = -INFINITY;
-      // Online softmax: exponentials against the new running max; what was summed so far is
-      // rescaled to it.
-      F vmax = S::set1(-INFINITY);
-      for (int64_t i = 0; i < n_padded; i += W) vmax = S::max(vmax, S::load(sh + i));
-      const float new_max = std::max(run_max[h], S::reduce_max(vmax));
-      const F shift = S::set1(new_max);
-      F vsum = S::zero();
-      for (int64_t i = 0; i < n_padded; i += W) {
-        const F e = exp_nonpositive_v<S>(S::sub(S::load(sh + i), shift));
-        S::store(sh + i, e);
-        vsum = S::add(vsum, e);
-      }
-      const float correction = exp_nonpositive(run_max[h] - new_max);  // ~0 on the first chunk
-      run_sum[h] = run_sum[h] * correction + S::reduce_add(vsum);
-      run_max[h] = new_max;
-      if (c0 > first && correction != 1.0f) {
-        const F c = S::set1(correction);
-        for (int j = 0; j < V; ++j) S::store(acc + h * HD + W * j, S::mul(c, S::load(acc + h * HD + W * j)));
-      }
+      // Soft-capping (Gemma 2): scalar tanh beside the dots.
+      if (it.softcap > 0.0f)
+        for (int64_t h = 0; h < nh; ++h) row[h] = it.softcap * std::tanh(row[h] / it.softcap);
     }
-    // Values: per kv head, up to R of its query heads' sums over a slice of VS vectors in
-    // registers.
-    for (int64_t g = g0; g < g1; ++g) {
+    // Online softmax across heads: exponentials against the new running max, what was summed
+    // so far rescaled to it (the correction, ~0 on the first chunk).
+    for (int64_t j = 0; j < ldh; j += W) {
+      const F old_max = S::load(run_max + j);
+      F m = old_max;
+      for (int64_t i = 0; i < n; ++i) m = S::max(m, S::load(scores + i * ldh + j));
+      const F c = exp_nonpositive_v<S>(S::sub(old_max, m));
+      F sum = S::mul(S::load(run_sum + j), c);
+      for (int64_t i = 0; i < n; ++i) {
+        const F e = exp_nonpositive_v<S>(S::sub(S::load(scores + i * ldh + j), m));
+        S::store(scores + i * ldh + j, e);
+        sum = S::add(sum, e);
+      }
+      S::store(run_max + j, m);
+      S::store(run_sum + j, sum);
+      S::store(correction + j, c);
+    }
+    if (c0 > it.first)
+      for (int64_t h = 0; h < nh; ++h)
+        if (correction[h] != 1.0f) {
+          const F c = S::set1(correction[h]);
+          for (int j = 0; j < V; ++j) S::store(acc + h * HD + W * j, S::mul(c, S::load(acc + h * HD + W * j)));
+        }
+    for (int64_t g = it.g0; g < it.g1; ++g) {
       for (int64_t r0 = 0; r0 < rep; r0 += R) {
-        const int64_t nr = std::min<int64_t>(R, rep - r0);
-        const int64_t hb = g * rep + r0;
-        for (int j0 = 0; j0 < V; j0 += VS) {
-          F a[R][VS];
-          for (int64_t r = 0; r < nr; ++r)
-            for (int j = 0; j < VS; ++j) a[r][j] = S::load(acc + (hb + r) * HD + W * (j0 + j));
-          for (int64_t p = 0; p < n; ++p) {
-            const T* vp = v_rows[p] + g * v_head + W * j0;
-            F v[VS];
-            for (int j = 0; j < VS; ++j) v[j] = S::load(vp + W * j);
-            for (int64_t r = 0; r < nr; ++r) {
-              const F w = S::set1(scores[(hb + r - h0) * kChunk + p]);
-              for (int j = 0; j < VS; ++j) a[r][j] = S::fmadd(w, v[j], a[r][j]);
-            }
-          }
-          for (int64_t r = 0; r < nr; ++r)
-            for (int j = 0; j < VS; ++j) S::store(acc + (hb + r) * HD + W * (j0 + j), a[r][j]);
+        const int64_t hb = g * rep + r0 - h0;  // the item's head
+        const float* w = scores + hb;
+        float* a = acc + hb * HD;
+        const int64_t off = g * it.v_head;
+        switch (std::min<int64_t>(R, rep - r0)) {  // <= R: the cases past R are never taken
+          case 4: value_pass<S, T, HD, std::min(R, 4)>(v_rows, off, n, w, ldh, a); break;
+          case 3: value_pass<S, T, HD, std::min(R, 3)>(v_rows, off, n, w, ldh, a); break;
+          case 2: value_pass<S, T, HD, 2>(v_rows, off, n, w, ldh, a); break;
+          default: value_pass<S, T, HD, 1>(v_rows, off, n, w, ldh, a); break;
         }
       }
     }
   }
-  for (int64_t h = h0; h < h1; ++h) {
+  for (int64_t h = 0; h < nh; ++h) {
     const float inv = 1.0f / run_sum[h];
-    for (int j = 0; j < HD; ++j) out[h * out_head_stride + j] = from_f32<T>(acc[h * HD + j] * inv);
+    T* dst = it.out + (h0 + h) * it.out_head_stride;
+    for (int j = 0; j < HD; ++j) dst[j] = from_f32<T>(acc[h * HD + j] * inv);
   }
 }
 #endif
@@ -216,8 +277,7 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   });
   std::atomic<int64_t> next{0};
 
-  auto run_item = [&](int64_t item, std::vector<float>& acc, std::vector<float>& state,
-                      std::vector<float>& scores) {
+  auto run_item = [&](int64_t item, DecodeScratch& scratch) {
     const int64_t s = item / items_per_seq;
     const int64_t g0 = (item % items_per_seq) * heads_per_item, g1 = g0 + heads_per_item;
     const int64_t len = lens[s];
@@ -234,28 +294,14 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 #if defined(LLM_SUITE_HAS_SIMD)
     constexpr bool kFast = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
     if constexpr (kFast) {
-      float* run_max = state.data();
-      float* run_sum = state.data() + num_heads;
+      const DecodeItem<T> it{qs,    q_s1, kp,    vp,         kc_s0, vc_s0,    kc_s1,
+                             vc_s1, g0,   g1,    rep,        table, block_size, first,
+                             len,   fscale, fsoftcap, os,    head_dim};
       switch (head_dim) {
-        case 64:
-          decode_sequence<Simd, T, 64>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
-                                       table, block_size, first, len, fscale, fsoftcap,
-                                       acc.data(), run_max, run_sum, scores.data(), os, head_dim);
-          return;
-        case 128:
-          decode_sequence<Simd, T, 128>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
-                                        table, block_size, first, len, fscale, fsoftcap,
-                                        acc.data(), run_max, run_sum, scores.data(), os,
-                                        head_dim);
-          return;
-        case 256:  // Gemma's head size
-          decode_sequence<Simd, T, 256>(qs, q_s1, kp, vp, kc_s0, vc_s0, kc_s1, vc_s1, g0, g1, rep,
-                                        table, block_size, first, len, fscale, fsoftcap,
-                                        acc.data(), run_max, run_sum, scores.data(), os,
-                                        head_dim);
-          return;
-        default:
-          break;
+        case 64: return decode_sequence<Simd, T, 64>(it, scratch);
+        case 128: return decode_sequence<Simd, T, 128>(it, scratch);
+        case 256: return decode_sequence<Simd, T, 256>(it, scratch);  // Gemma's head size
+        default: break;
       }
     }
 #endif
@@ -300,10 +346,9 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   };
 
   at::parallel_for(0, num_threads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> acc(num_heads * head_dim), state(2 * num_heads),
-        scores(num_heads * kChunk);
+    DecodeScratch scratch(num_heads, head_dim);
     for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1))
-      run_item(order[i], acc, state, scores);
+      run_item(order[i], scratch);
   });
 }
 
