@@ -107,7 +107,13 @@ def ours_prefill(model: LlamaForCausalLM, num_tokens: int) -> Callable[[], torch
     def step() -> torch.Tensor:
         kernel = model.attention_backend != "torch"
         meta = build_attention_metadata(
-            [num_tokens], [num_tokens], [table], BLOCK_SIZE, model.device, with_decode_tables=kernel
+            [num_tokens],
+            [num_tokens],
+            [table],
+            BLOCK_SIZE,
+            model.device,
+            with_decode_tables=kernel,
+            kernel_takes_prefill=model.attention_backend == "cpu",  # as the runner plans it
         )
         hidden = model(ids, positions, caches, meta, block_size=BLOCK_SIZE)
         return model.compute_logits(hidden[-1:])
