@@ -25,21 +25,27 @@
 #include "qgemm_i8.h"
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  // Every kernel runs without the GIL (its tensors stay referenced by the caller): the
+  // engine thread spends most of a step in them, and the server's event loop (HTTP, SSE,
+  // detokenisation) must not wait for a matmul to end, nor the next kernel for the loop.
+  const auto nogil = py::call_guard<py::gil_scoped_release>();
   // window: keys at positions > context_len - 1 - window only (0: all); softcap: scores ->
   // softcap * tanh(scores / softcap) (0: off).
-  m.def("paged_decode_attention", &paged_decode_attention,
+  m.def("paged_decode_attention", &paged_decode_attention, nogil,
         "decode attention from the paged KV cache (q [T,H,D] -> [T,H,D])", py::arg("q"),
         py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"), py::arg("context_lens"),
         py::arg("block_size"), py::arg("scale"), py::arg("window") = 0,
         py::arg("softcap") = 0.0);
-  m.def("rms_norm", &rms_norm, "RMSNorm of [T,N] rows, output in the weight's dtype");
-  m.def("add_rms_norm", &add_rms_norm, "x += delta (float32 x, in place), then RMSNorm of x");
-  m.def("silu_and_mul", &silu_and_mul, "SiLU(gate) * up of [T,2I] -> [T,I]");
-  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, "GELU-tanh(gate) * up of [T,2I] -> [T,I]");
-  m.def("rope_write_kv", &rope_write_kv, "rotate q/k of fused qkv, write k/v to cache slots");
-  m.def("refine_logits", &refine_logits,
+  m.def("rms_norm", &rms_norm, nogil, "RMSNorm of [T,N] rows, output in the weight's dtype");
+  m.def("add_rms_norm", &add_rms_norm, nogil,
+        "x += delta (float32 x, in place), then RMSNorm of x");
+  m.def("silu_and_mul", &silu_and_mul, nogil, "SiLU(gate) * up of [T,2I] -> [T,I]");
+  m.def("gelu_tanh_and_mul", &gelu_tanh_and_mul, nogil, "GELU-tanh(gate) * up of [T,2I] -> [T,I]");
+  m.def("rope_write_kv", &rope_write_kv, nogil,
+        "rotate q/k of fused qkv, write k/v to cache slots");
+  m.def("refine_logits", &refine_logits, nogil,
         "float32 logits of a 16-bit lm_head output, each row's top k recomputed exactly");
-  m.def("quant_linear", &quant_linear_any,
+  m.def("quant_linear", &quant_linear_any, nogil,
         "x [M,K] (bf16/fp32) . W^T (+ bias) with W kept quantised (qgemm.h) -> [M,N] x.dtype; "
         "is_int8_activations: x quantised per group to int8 (qgemm_i8.h)",
         py::arg("x"), py::arg("codes"), py::arg("bits"), py::arg("group"),
@@ -48,7 +54,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("bias") = py::none(), py::arg("is_scalar") = false,
         py::arg("is_int8_activations") = false, py::arg("is_tiled") = false);
 #if defined(LLM_SUITE_HAS_QGEMM_LANES)
-  m.def("lane_tile_codes", &lane_tile_codes,
+  m.def("lane_tile_codes", &lane_tile_codes, nogil,
         "packed codes [N, K*bits/8] -> the tiled layout of qgemm_lanes.h (N a multiple of 16; "
         "8-bit codes + code_offset as 6-bit tiles)",
         py::arg("codes"), py::arg("bits"), py::arg("code_offset") = 0);
@@ -77,8 +83,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(LLM_SUITE_HAS_SIMD)
   m.attr("vector_width") = Simd::W;
   m.attr("gemm") = kGemmKind;
-  m.def("pack_bf16_weight", &pack_bf16_weight, "W [N,K] bf16 -> the layout bf16_linear reads");
-  m.def("bf16_linear", &bf16_linear, "x [M,K] bf16 . W^T (+ bias) from a packed W -> [M,N] bf16",
+  m.def("pack_bf16_weight", &pack_bf16_weight, nogil,
+        "W [N,K] bf16 -> the layout bf16_linear reads");
+  m.def("bf16_linear", &bf16_linear, nogil,
+        "x [M,K] bf16 . W^T (+ bias) from a packed W -> [M,N] bf16",
         py::arg("x"), py::arg("packed"), py::arg("n"), py::arg("bias") = py::none());
 #endif
 }
