@@ -45,15 +45,18 @@ struct DecodeScratch {
 };
 
 #if defined(LLM_SUITE_HAS_SIMD)
-// q . k of one head against cache rows, unreduced (W partial sums). float32 caches: FMAs on
-// the rows as stored; bfloat16 caches: rows widened to float32 in registers (a 16-bit shift),
-// or, where the CPU has AVX512-BF16, vdpbf16ps on the stored bf16 q and k pairs (exact
-// products, float32 sums, no conversion pass).
+// q . k of one head against cache rows, unreduced (W partial sums). Generically q is float32,
+// widened and scaled once per work item (``Query``, ``kScaledQuery``), and the rows are FMAed
+// as stored (float32) or widened in registers (bfloat16: a 16-bit shift); where the CPU has
+// AVX512-BF16, vdpbf16ps on the stored bf16 q and k pairs (exact products, float32 sums, no
+// conversion pass), the scale applied to the scores.
 template <class S, typename T, int HD>
 struct HeadDot {
+  using Query = float;
+  static constexpr bool kScaledQuery = true;
   static constexpr int V = HD / S::W;
   typename S::F q[V];
-  void load(const T* p) {
+  void load(const float* p) {
     for (int j = 0; j < V; ++j) q[j] = S::load(p + S::W * j);
   }
   typename S::F partial(const T* row) const {
@@ -66,6 +69,8 @@ struct HeadDot {
 #if defined(__AVX512BF16__)
 template <int HD>
 struct HeadDot<Simd512, c10::BFloat16, HD> {
+  using Query = c10::BFloat16;
+  static constexpr bool kScaledQuery = false;
   static constexpr int V = HD / 32;
   __m512bh q[V];
   void load(const c10::BFloat16* p) {
@@ -137,8 +142,9 @@ void decode_sequence(const DecodeItem<T>& it, DecodeScratch& scratch) {
   constexpr int R = S::kValueRows;
   const int64_t rep = it.rep, h0 = it.g0 * rep, h1 = it.g1 * rep, nh = h1 - h0;
   const int64_t ldh = (nh + W - 1) / W * W;  // a score row: the item's heads, whole vectors
-  // With float32 caches q is pre-scaled; bfloat16 q stays as stored and scores are scaled.
-  constexpr bool kScaleScores = !std::is_same_v<T, float>;
+  // q widened and scaled once per item, or (vdpbf16ps) read as stored and the scores scaled.
+  using Dot = HeadDot<S, T, HD>;
+  using Query = typename Dot::Query;
   float* acc = scratch.acc.data() + h0 * HD;
   float* run_max = scratch.run_max.data();
   float* run_sum = scratch.run_sum.data();
@@ -151,7 +157,7 @@ void decode_sequence(const DecodeItem<T>& it, DecodeScratch& scratch) {
   for (int64_t h = 0; h < (nh + 3) / 4 * 4; ++h) {
     const int64_t hh = h0 + std::min(h, nh - 1);
     k_offsets[h] = (hh / rep) * it.k_head;
-    if constexpr (kScaleScores) {
+    if constexpr (!Dot::kScaledQuery) {
       queries[h] = it.q + hh * it.q_head_stride;
     } else {
       float* qs = scratch.q_scaled.data() + std::min(h, nh - 1) * HD;
@@ -183,12 +189,12 @@ void decode_sequence(const DecodeItem<T>& it, DecodeScratch& scratch) {
       for (int64_t h = 0; h < nh; h += 4) {  // past the last head: padding lanes
         F part[4];
         for (int j = 0; j < 4; ++j) {
-          HeadDot<S, T, HD> dot;
-          dot.load(static_cast<const T*>(queries[h + j]));
+          Dot dot;
+          dot.load(static_cast<const Query*>(queries[h + j]));
           part[j] = dot.partial(k_rows[i] + k_offsets[h + j]);
         }
         __m128 s = S::reduce4(part[0], part[1], part[2], part[3]);
-        if constexpr (kScaleScores) s = _mm_mul_ps(s, _mm_set1_ps(it.scale));
+        if constexpr (!Dot::kScaledQuery) s = _mm_mul_ps(s, _mm_set1_ps(it.scale));
         _mm_storeu_ps(row + h, s);
       }
       // Soft-capping (Gemma 2): scalar tanh beside the dots.
