@@ -300,9 +300,11 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
 #if defined(LLM_SUITE_HAS_SIMD)
     constexpr bool kFast = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
     if constexpr (kFast) {
-      const DecodeItem<T> it{qs,    q_s1, kp,    vp,         kc_s0, vc_s0,    kc_s1,
-                             vc_s1, g0,   g1,    rep,        table, block_size, first,
-                             len,   fscale, fsoftcap, os,    head_dim};
+      const DecodeItem<T> it{qs,    q_s1,  kp, vp,                     // q, the caches
+                             kc_s0, vc_s0, kc_s1, vc_s1,              // their strides
+                             g0,    g1,    rep,   table, block_size,  // heads, blocks
+                             first, len,   fscale, fsoftcap,          // positions, scores
+                             os,    head_dim};
       switch (head_dim) {
         case 64: return decode_sequence<Simd, T, 64>(it, scratch);
         case 128: return decode_sequence<Simd, T, 128>(it, scratch);
