@@ -112,6 +112,21 @@ def test_tiled_kernel_matches_float64_and_the_plain_kernels(kernels, qtype, rows
     assert (got.double() - plain.double()).abs().max().item() <= tolerance * scale
 
 
+@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q6_K), ids=lambda t: t.name)
+def test_tiled_kernel_in_runs_of_tiles(kernels, qtype) -> None:
+    """Rows of 8192 weights: tiles of 64 KB (Q4_K) or 96 KB (Q6_K), so each block of rows of
+    x meets the tiles in runs of a few (qgemm_lanes.h's kLaneChunkBytes), the last run short;
+    19 rows of x: two whole passes and a tail in every run."""
+    if not kernels.has_lane_tiles:
+        return
+    weight = _weight(qtype, 80, 32, 5 + int(qtype))
+    x = torch.randn(19, weight.in_features, generator=torch.Generator().manual_seed(7))
+    got = _call(kernels, x, weight.lane_tiled(kernels), None, is_int8_activations=True, is_tiled=True)
+    x_used = quantize_activations(x, weight.activation_group).double()
+    expected = x_used @ weight.dequantize().double().T
+    assert (got.double() - expected).abs().max().item() <= 2e-5 * expected.abs().max().item()
+
+
 def test_packed_linear_tiles_where_the_build_can(kernels) -> None:
     q4k, q6k = _weight(T.Q4_K, 32, 2, 3), _weight(T.Q6_K, 24, 2, 4)
     x = torch.randn(5, 512)

@@ -385,10 +385,11 @@ inline QuantOut sink_of(const at::Tensor& out, const at::Tensor& bias_f) {
                   bias_f.defined() ? bias_f.data_ptr<float>() : nullptr, out.size(1)};
 }
 
-// What the int8-activation kernels start from: x as float32, the output [M, N] in x's dtype,
-// and where each output goes, bias added (none for an empty product: ``out`` is the answer).
+// What the int8-activation kernels start from: x contiguous in its own dtype (float32 or
+// bf16: they quantise it straight from there), the output [M, N] in x's dtype, and where each
+// output goes, bias added (none for an empty product: ``out`` is the answer).
 struct QuantCall {
-  at::Tensor xf, out, bias_f;
+  at::Tensor x, out, bias_f;
   QuantOut sink{};
   int64_t m, n;
   bool is_empty() const { return m == 0 || n == 0; }
@@ -397,7 +398,7 @@ struct QuantCall {
 inline QuantCall begin_quant_call(const at::Tensor& x, const QuantWeight& w,
                                   const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(x.dim() == 2 && x.size(1) == w.k, "x must be [M, K]");
-  QuantCall call{x.to(at::kFloat).contiguous(), at::Tensor(), at::Tensor(), {}, x.size(0), w.n};
+  QuantCall call{x.contiguous(), at::Tensor(), at::Tensor(), {}, x.size(0), w.n};
   call.out = at::empty({call.m, call.n}, x.options());
   if (call.is_empty()) return call;
   call.bias_f = float_bias(bias, call.n);

@@ -223,7 +223,8 @@ at::Tensor quant_linear_i8(const at::Tensor& x, const QuantWeight& w,
   const QuantCall call = begin_quant_call(x, w, bias);
   if (call.is_empty()) return call.out;
   const int64_t m = call.m, n = call.n, ng = w.num_groups;
-  const QuantizedRows xq = quantize_rows(call.xf.data_ptr<float>(), m, w.k, w.group);
+  const at::Tensor xf = call.x.to(at::kFloat);
+  const QuantizedRows xq = quantize_rows(xf.data_ptr<float>(), m, w.k, w.group);
   const QuantOut& sink = call.sink;
   at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
     // s and o of up to two columns, and their products with up to four rows' x scales.

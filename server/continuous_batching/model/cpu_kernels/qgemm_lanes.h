@@ -29,13 +29,18 @@ namespace {
 #define LLM_SUITE_HAS_QGEMM_LANES 1
 
 constexpr int64_t kLaneRows = 16;  // weight rows per tile: one 32-bit lane each
-constexpr int kLaneBlockRows = 8;  // rows of x per pass over a tile (3 x 8 accumulators)
+constexpr int64_t kLaneBlockRows = 8;  // rows of x per pass over a tile (3 x 8 accumulators)
 // How far ahead of each 64-byte load its line is fetched. A tile's codes are one sequential
 // stream, yet without it a batch of 8 rows stalled on memory: Q4_K 8192 x 2048 streamed, 2
 // threads, GMAC/s at 8 / 32 rows: none 301 / 492, 1 KB 373 / 575, 4 KB 513 / 648, 8 KB
 // 570 / 673, 16 KB 520-556 / 659 (one row: 70-110 at every distance, the plain layout's dot
 // kernels 75-113 in the same runs).
 constexpr int64_t kLanePrefetchBytes = 4096;
+// Codes of the tiles one pass of rows covers, at most: each block of rows of x then meets a
+// run of tiles that stays in L2 (a prefill's x, megabytes, is read once per run instead of once
+// per tile). 1B Q4_K_M, 1024 rows, 2 threads: 3-5% over one tile a run; 64 KB and 1 MB runs
+// were no faster than one tile.
+constexpr int64_t kLaneChunkBytes = 256 * 1024;
 
 // The four codes of x's row at p broadcast to every lane.
 inline __m512i broadcast_quad(const int8_t* p) {
@@ -199,6 +204,22 @@ void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t
   for (int r = 0; r < R; ++r) put_lanes(total[r], r0 + r, t * kLaneRows, sink);
 }
 
+// Rows [r0, r0 + num_rows) (num_rows <= kLaneBlockRows) against tile t.
+template <int B, int G, int S, bool SIGNED, bool OFFSET>
+void lanes_pass(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t num_rows,
+                int64_t t, const QuantOut& sink) {
+  switch (num_rows) {
+    case 8: return lanes_rows<B, G, S, SIGNED, OFFSET, 8>(w, xq, r0, t, sink);
+    case 7: return lanes_rows<B, G, S, SIGNED, OFFSET, 7>(w, xq, r0, t, sink);
+    case 6: return lanes_rows<B, G, S, SIGNED, OFFSET, 6>(w, xq, r0, t, sink);
+    case 5: return lanes_rows<B, G, S, SIGNED, OFFSET, 5>(w, xq, r0, t, sink);
+    case 4: return lanes_rows<B, G, S, SIGNED, OFFSET, 4>(w, xq, r0, t, sink);
+    case 3: return lanes_rows<B, G, S, SIGNED, OFFSET, 3>(w, xq, r0, t, sink);
+    case 2: return lanes_rows<B, G, S, SIGNED, OFFSET, 2>(w, xq, r0, t, sink);
+    default: return lanes_rows<B, G, S, SIGNED, OFFSET, 1>(w, xq, r0, t, sink);
+  }
+}
+
 // y = x . W^T (+ bias) with W in the tiled layout and x quantised per super-block.
 at::Tensor quant_linear_lanes(const at::Tensor& x, const QuantWeight& w,
                               const c10::optional<at::Tensor>& bias) {
@@ -210,21 +231,14 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const QuantWeight& w,
   with_lane_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
     constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
     constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
-    const SuperRows xq = quantize_super(call.xf.data_ptr<float>(), m, w.k, G * S, G, false);
+    const SuperRows& xq = quantize_super(call.x, G * S, G, false);
+    const int64_t chunk = std::max<int64_t>(1, kLaneChunkBytes / (kLaneRows * w.row_bytes));
     at::parallel_for(0, num_tiles, 1, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        for (int64_t r = 0; r < m; r += kLaneBlockRows) {
-          switch (std::min<int64_t>(kLaneBlockRows, m - r)) {
-            case 8: lanes_rows<B, G, S, SIGNED, OFFSET, 8>(w, xq, r, t, call.sink); break;
-            case 7: lanes_rows<B, G, S, SIGNED, OFFSET, 7>(w, xq, r, t, call.sink); break;
-            case 6: lanes_rows<B, G, S, SIGNED, OFFSET, 6>(w, xq, r, t, call.sink); break;
-            case 5: lanes_rows<B, G, S, SIGNED, OFFSET, 5>(w, xq, r, t, call.sink); break;
-            case 4: lanes_rows<B, G, S, SIGNED, OFFSET, 4>(w, xq, r, t, call.sink); break;
-            case 3: lanes_rows<B, G, S, SIGNED, OFFSET, 3>(w, xq, r, t, call.sink); break;
-            case 2: lanes_rows<B, G, S, SIGNED, OFFSET, 2>(w, xq, r, t, call.sink); break;
-            default: lanes_rows<B, G, S, SIGNED, OFFSET, 1>(w, xq, r, t, call.sink); break;
-          }
-        }
+      for (int64_t c0 = t0; c0 < t1; c0 += chunk)
+        for (int64_t r = 0; r < m; r += kLaneBlockRows)
+          for (int64_t t = c0; t < std::min(t1, c0 + chunk); ++t)
+            lanes_pass<B, G, S, SIGNED, OFFSET>(w, xq, r, std::min(kLaneBlockRows, m - r), t,
+                                                call.sink);
     });
   });
   return call.out;

@@ -44,31 +44,67 @@ struct SuperRows {
   std::vector<int16_t> sums;
 };
 
-SuperRows quantize_super(const float* x, int64_t m, int64_t k, int64_t span, int64_t group,
-                         bool is_nibble_order) {
-  const int64_t num_spans = k / span, groups_per_span = span / group;
-  SuperRows q{std::vector<int8_t>(m * k), std::vector<float>(m * num_spans),
-              std::vector<int16_t>(m * k / group)};
+// Simd::W codes of v (whole numbers in [-127, 127]) as int8 at dst.
+inline void store_codes(int8_t* dst, Simd::F v) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+#else
+  const __m256i i32 = _mm256_cvtps_epi32(v);
+  const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(i16, i16));
+#endif
+}
+
+// One super-block of ``span`` values (a multiple of Simd::W) from xs: codes
+// round(x * 127 / max|x|) (half to even, as torch.round), group sums, and the scale max|x| / 127.
+template <typename T>
+inline float quantize_span(const T* xs, int64_t span, int64_t group, int8_t* codes,
+                           int16_t* sums) {
+  using S = Simd;
+  S::F peak = S::zero();
+  for (int64_t i = 0; i < span; i += S::W) {
+    const S::F v = S::load(xs + i);
+    peak = S::max(peak, S::max(v, S::sub(S::zero(), v)));
+  }
+  const float amax = S::reduce_max(peak);
+  const S::F inv = S::set1(amax > 0.0f ? 127.0f / amax : 0.0f);
+  const S::F hi = S::set1(127.0f), lo = S::set1(-127.0f);
+  for (int64_t g = 0; g < span; g += group) {
+    S::F total = S::zero();  // whole numbers: exact in float32
+    for (int64_t i = g; i < g + group; i += S::W) {
+      S::F q = S::round_nearest(S::mul(S::load(xs + i), inv));
+      q = S::max(lo, S::min(hi, q));
+      store_codes(codes + i, q);
+      total = S::add(total, q);
+    }
+    sums[g / group] = static_cast<int16_t>(S::reduce_add(total));
+  }
+  return amax / 127.0f;
+}
+
+// x [M, K] (float32 or bf16, contiguous) quantised per super-block of ``span`` into this
+// thread's reused buffers (a prefill's codes are megabytes: allocating them per call cost a
+// page fault per 4 KB), valid until the thread's next call.
+inline const SuperRows& quantize_super(const at::Tensor& x, int64_t span, int64_t group,
+                                       bool is_nibble_order) {
+  thread_local SuperRows buffers;
+  SuperRows& q = buffers;  // a name the workers share (the thread_local would be their own)
+  const int64_t m = x.size(0), k = x.size(1), num_spans = k / span, groups_per_span = span / group;
+  q.codes.resize(m * k);
+  q.scale.resize(m * num_spans);
+  q.sums.resize(m * k / group);
+  const bool is_bf16 = x.scalar_type() == at::kBFloat16;
+  const void* data = x.data_ptr();
   at::parallel_for(0, m * num_spans, 16, [&](int64_t b0, int64_t b1) {
-    int8_t codes[256];
+    alignas(64) int8_t codes[256];
     for (int64_t b = b0; b < b1; ++b) {
-      const float* xs = x + b * span;
-      float amax = 0.0f;
-      for (int64_t i = 0; i < span; ++i) amax = std::max(amax, std::fabs(xs[i]));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      for (int64_t i = 0; i < span; ++i)  // nearbyint: half to even, as torch.round
-        codes[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, std::nearbyint(xs[i] * inv))));
-      for (int64_t g = 0; g < groups_per_span; ++g) {
-        int32_t total = 0;
-        for (int64_t i = 0; i < group; ++i) total += codes[g * group + i];
-        q.sums[b * groups_per_span + g] = static_cast<int16_t>(total);
-      }
-      q.scale[b] = amax / 127.0f;
       int8_t* out = q.codes.data() + b * span;
-      if (!is_nibble_order) {
-        std::memcpy(out, codes, span);
-        continue;
-      }
+      int8_t* dst = is_nibble_order ? codes : out;
+      int16_t* sums = q.sums.data() + b * groups_per_span;
+      q.scale[b] = is_bf16
+          ? quantize_span(static_cast<const c10::BFloat16*>(data) + b * span, span, group, dst, sums)
+          : quantize_span(static_cast<const float*>(data) + b * span, span, group, dst, sums);
+      if (!is_nibble_order) continue;
       for (int64_t i = 0; i < span; i += 64) {
         std::memcpy(out + i, codes + i, 16);
         std::memcpy(out + i + 16, codes + i + 32, 16);
@@ -361,7 +397,7 @@ at::Tensor quant_linear_super(const at::Tensor& x, const QuantWeight& w,
   with_super_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
     constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
     constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
-    const SuperRows xq = quantize_super(call.xf.data_ptr<float>(), m, w.k, G * S, G, B == 4);
+    const SuperRows& xq = quantize_super(call.x, G * S, G, B == 4);
     at::parallel_for(0, (n + kQuantColumns - 1) / kQuantColumns, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t chunk = c0; chunk < c1; ++chunk) {
         const int64_t col0 = chunk * kQuantColumns, col1 = std::min(n, col0 + kQuantColumns);

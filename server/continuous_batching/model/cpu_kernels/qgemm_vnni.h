@@ -364,7 +364,7 @@ at::Tensor quant_linear_vnni(const at::Tensor& x, const QuantWeight& w,
   with_super_layout(w, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
     constexpr int B = decltype(b)::value, G = decltype(g)::value, S = decltype(s)::value;
     constexpr bool SIGNED = decltype(is_signed)::value, OFFSET = decltype(is_offset)::value;
-    const SuperRows xq = quantize_super(call.xf.data_ptr<float>(), m, k, G * S, G, false);
+    const SuperRows& xq = quantize_super(call.x, G * S, G, false);
     // Blocks of 16 rows from 16 rows up, of 8 rows (two k-quads a lane each) below.
     const auto run = [&](auto lanes_per_row) {
       constexpr int P = decltype(lanes_per_row)::value;
