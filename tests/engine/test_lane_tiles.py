@@ -121,7 +121,9 @@ def test_tiled_kernel_in_runs_of_tiles(kernels, qtype) -> None:
         return
     weight = _weight(qtype, 80, 32, 5 + int(qtype))
     x = torch.randn(19, weight.in_features, generator=torch.Generator().manual_seed(7))
-    got = _call(kernels, x, weight.lane_tiled(kernels), None, is_int8_activations=True, is_tiled=True)
+    got = _call(
+        kernels, x, weight.lane_tiled(kernels), None, is_int8_activations=True, is_tiled=True
+    )
     x_used = quantize_activations(x, weight.activation_group).double()
     expected = x_used @ weight.dequantize().double().T
     assert (got.double() - expected).abs().max().item() <= 2e-5 * expected.abs().max().item()
