@@ -155,7 +155,7 @@ def test_int8_activations_stay_close(tmp_path) -> None:
         assert "int8 activations" not in int8.weight_format
         return
     assert all(m.is_int8 for m in linears if isinstance(m, PackedLinear))
-    # AVX512-VNNI builds tile the K-quant rows (qgemm_lanes.h), and /health says so.
+    # AVX512-VNNI and AVX2 builds tile the K-quant rows (qgemm_lanes*.h), and /health says so.
     is_tiled = getattr(int8.decoder_ops.module, "has_lane_tiles", False)
     assert any(m.weight.is_lane_tiled for m in linears if isinstance(m, PackedLinear)) == is_tiled
     tail = ", int8 activations, 16-row tiles)" if is_tiled else ", int8 activations)"

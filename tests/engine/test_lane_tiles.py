@@ -1,5 +1,6 @@
-"""The tiled layout of the AVX512-VNNI builds (``quantization.lane_tiles``,
-``cpu_kernels/qgemm_lanes.h``): 16 weight rows in the vector lanes, tiled once at load.
+"""The tiled layout of the AVX512-VNNI and AVX2 builds (``quantization.lane_tiles``,
+``cpu_kernels/qgemm_lanes.h``, ``qgemm_lanes_avx2.h``): weight rows in the vector lanes, tiled
+once at load.
 
 At every kernel level this CPU can run: where the build has the tiled kernel, it is checked
 against the float64 reference of the dequantised weight (x quantised per super-block, as the

@@ -61,7 +61,7 @@ class PackedLoad:
     num_bytes: int = 0
     #: Packed matmuls that quantise their input to int8 (``PackedLinear.is_int8``).
     is_int8_activations: bool = False
-    #: Packed matmuls whose rows were tiled for the AVX512-VNNI kernel (``lane_tiles``).
+    #: Packed matmuls whose rows were tiled for the lane kernels (``lane_tiles``).
     is_lane_tiled: bool = False
     #: Where the packed weights came from: repacked, or the on-disk cache (``packed_cache``).
     origin: str = "repacked"
@@ -78,7 +78,7 @@ class PackedLoad:
 
     def describe(self, level: str) -> str:
         """E.g. ``gguf Q4_K, Q6_K (packed int4/int8, avx2, int8 activations)``, ending
-        ``, 16-row tiles`` where the rows were tiled for AVX512-VNNI; ``level``: the kernels'
+        ``, 16-row tiles`` where the rows were tiled (AVX512-VNNI, AVX2); ``level``: the kernels'
         ISA."""
         if not self.num_tensors:
             return "gguf (no tensor of a packable type: dense)"

@@ -1,6 +1,7 @@
 """The tiled layout of ``cpu_kernels/qgemm_lanes.h``: a packed weight's rows in tiles of 16,
 each tile's codes and scales interleaved so that one 64-byte load holds the 16 rows' next codes
-(the rows are then the vector lanes of the AVX512-VNNI matmul).
+(the rows are then the vector lanes of the matmul: ``qgemm_lanes.h`` on AVX512-VNNI, 16 rows a
+register; ``qgemm_lanes_avx2.h`` on AVX2, each 64-byte vector as two halves of 8 rows).
 
 Each tensor's bytes stay inside the tile's own rows: per tile, the scales [16, C] are stored
 [C, 16]; 4-bit codes as [K/8, 16, 4] bytes whose low nibbles are codes 8p..8p+3 and high

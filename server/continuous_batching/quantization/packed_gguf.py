@@ -24,9 +24,9 @@ Q6_K     int8 codes q-32, G = 16, d*sc (int8 sc)      210 -> 276
 
 Every repacker is vectorised over all blocks of a tensor (no Python loop over blocks).
 
-On AVX512-VNNI builds the super-block layouts (Q4_K, Q5_K, Q6_K, GPTQ g128) are then tiled
-for the kernel that keeps 16 weight rows in the vector lanes (``lane_tiled``, ``lane_tiles``):
-Q5_K and Q6_K as 6-bit codes there (216 and 212 bytes per 256 weights).
+On AVX512-VNNI and AVX2 builds the super-block layouts (Q4_K, Q5_K, Q6_K, GPTQ g128) are then
+tiled for the kernels that keep the weight rows in the vector lanes (``lane_tiled``,
+``lane_tiles``): Q5_K and Q6_K as 6-bit codes there (216 and 212 bytes per 256 weights).
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ class PackedWeight:
     group_offset: torch.Tensor | None = None
     super_scale: torch.Tensor | None = None
     super_offset: torch.Tensor | None = None
-    #: Rows in tiles of 16 for the AVX512-VNNI kernel (``lane_tiles``; ``lane_tiled``).
+    #: Rows in tiles of 16 for the AVX512-VNNI and AVX2 kernels (``lane_tiles``; ``lane_tiled``).
     is_lane_tiled: bool = False
 
     @property

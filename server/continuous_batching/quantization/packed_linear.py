@@ -77,7 +77,7 @@ class PackedLinear:
         # int8 kernel (no AVX2) runs float activations.
         is_built = self.kernels is None or getattr(self.kernels, "has_int8_activations", False)
         self.is_int8 = is_int8_activations and has_int8_layout(weight) and is_built
-        # AVX512-VNNI builds run the super-block layouts with the weight's rows in the vector
+        # AVX512-VNNI and AVX2 builds run the super-block layouts with the weight's rows in the
         # lanes, from tiles made here once (qgemm_lanes.h); the plain layout is not kept.
         if self.is_int8 and getattr(self.kernels, "has_lane_tiles", False) and weight.can_lane_tile:
             self.weight = weight.lane_tiled(self.kernels)

@@ -20,8 +20,9 @@ a CPU:
 * ``quant_linear``: the matmul of weights kept quantised (GGUF Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K
   repacked by ``quantization.packed_gguf``), dequantised group by group in registers
   (``qgemm.h``; its scalar loops, ``is_scalar=True``, are the reference the tests compare);
-  on AVX512-VNNI builds the K-quants and GPTQ g128 tiled by ``lane_tile_codes`` into 16-row
-  tiles run ``qgemm_lanes.h`` instead (``is_tiled=True``; ``has_lane_tiles``).
+  on AVX512-VNNI and AVX2 builds the K-quants and GPTQ g128 tiled by ``lane_tile_codes`` into
+  16-row tiles run ``qgemm_lanes.h`` / ``qgemm_lanes_avx2.h`` instead (``is_tiled=True``;
+  ``has_lane_tiles``; AVX-512 without VNNI keeps the plain layout).
 
 They compute in float32 (products of bf16 pairs exactly) and round once, so they are at least
 as exact as the torch ops they replace, which stay the reference the tests compare them with

@@ -12,7 +12,9 @@
 //   qgemm_super.h  int8 activations per super-block, integer sums (K-quants, GPTQ g128)
 //   qgemm_panels.h the int8 mode's prefill on AVX512-BF16 (Q8_0, Q4_0, Q4_1): weights as bf16
 //   qgemm_vnni.h   super-block layouts' batches and prefills as one AVX512-VNNI integer GEMM
-//   qgemm_lanes.h  the same layouts tiled at load, 16 weight rows in the lanes (AVX512-VNNI)
+//   lane_tiles.h   the super-block layouts tiled at load: 16 weight rows interleaved
+//   qgemm_lanes.h  their matmul with the weight rows in the lanes (AVX512-VNNI)
+//   qgemm_lanes_avx2.h  the same on AVX2, 8 rows a register
 //
 // Every kernel computes in float32 and rounds once to the output dtype. The build's -m flags
 // name its ISA level (cpu_isa.py); the module says which with ``isa`` and ``gemm``.

@@ -259,7 +259,7 @@ at::Tensor quant_linear_any(const at::Tensor& x, const at::Tensor& codes, int64_
                 "x must be float32 or bfloat16");
     return quant_linear_lanes(x, w, bias);
 #else
-    TORCH_CHECK(false, "tiled weights need a build with AVX512-VNNI");
+    TORCH_CHECK(false, "tiled weights need a build with AVX512-VNNI or AVX2 (not AVX-512 alone)");
 #endif
   }
   if (!is_int8_activations) return quant_linear_impl(x, w, bias, is_scalar);

@@ -1,0 +1,194 @@
+// The tiled super-block layouts (lane_tiles.h: K-quants, GPTQ g128) on AVX2: each 64-byte
+// vector of a tile as two halves of 8 weight rows, one row a 32-bit lane, times 4 codes of a
+// row of x broadcast to every lane. AVX2 has no vpdpbusd: vpmaddubsw multiplies the unsigned
+// codes by x into int16 pairs, added up in int16 as far as they cannot overflow (8 k-quads of
+// 4-bit codes: 8 * 2 * 15 * 127 = 30480; 2 of 6-bit: 2 * 2 * 63 * 127 = 32004), and one
+// vpmaddwd by the group's scale, twice in each lane, turns them into the scaled int32 group sum.
+// The per-column dot products of qgemm_super.h pay a horizontal sum and a float tail per weight
+// row and super-block; here 8 rows share them.
+//   y = sum_b d_b dx_b (sum_g sc_g (q_g . xq_g)) - dmin_b dx_b (sum_g m_g sum(xq_g))
+// Q6_K's + 32 is taken off as qgemm_lanes.h does. The integer sums are exact (qgemm_super.h's
+// bounds): the same value as quant_linear_super, up to float summation order.
+#pragma once
+
+#include "lane_tiles.h"
+
+namespace {
+
+#if defined(LLM_SUITE_HAS_QGEMM_LANES) && !defined(LLM_SUITE_SUPER_512)
+
+// Rows of x per pass over a tile. 6 rows' int32 and int16 sums, the codes, scale pairs and a
+// broadcast are one register more than the 16; still, Zen 5 forced to AVX2, 2 threads, GMAC/s:
+// 4 rows Q4_K 248-256 / Q6_K 198-210, 6 rows 259-270 / 210-226 (the plain layout's dot
+// products: 155-171 / 126-142).
+constexpr int64_t kLaneBlockRows = 6;
+constexpr int kHalfRows = 8;  // weight rows a 256-bit register holds
+
+inline __m256i broadcast_quad256(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof(v));
+  return _mm256_set1_epi32(v);
+}
+
+// 8 small per-row values (one byte each) as int32 lanes.
+template <bool SIGNED>
+inline __m256i half_lanes(const uint8_t* p) {
+  const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return SIGNED ? _mm256_cvtepi8_epi32(bytes) : _mm256_cvtepu8_epi32(bytes);
+}
+
+// Two int32 lane vectors as int16 pairs (lo in the low half of each lane, hi in the high).
+inline __m256i int16_pairs(__m256i lo, __m256i hi) {
+  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+}
+
+// The half's next codes of k-quads 0-3 from a 6-bit block (three 64-byte vectors at p).
+inline void six_bit_quads256(const uint8_t* p, __m256i v[4]) {
+  const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
+  const __m256i n0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i n1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64));
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128));
+  const auto join = [&](__m256i a, __m256i b) {
+    return _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(b, top));
+  };
+  v[0] = join(n0, _mm256_slli_epi16(h, 4));
+  v[1] = join(_mm256_srli_epi16(n0, 4), _mm256_slli_epi16(h, 2));
+  v[2] = join(n1, h);
+  v[3] = join(_mm256_srli_epi16(n1, 4), _mm256_srli_epi16(h, 2));
+}
+
+// Super-block b of R rows of x (from r0) against half ``half`` (rows 8 half ..) of tile t,
+// added to out: out[r] lane c += x row r0 + r . weight row 16 t + 8 half + c (that part).
+template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
+inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
+                             int64_t b, int half, __m256 out[R]) {
+  static_assert(B == 4 || B == 6, "4- or 6-bit tiles");
+  constexpr int kGroupBytes = G * kLaneRows * B / 8;
+  constexpr int kQuads = B == 4 ? 2 : 4, kUnitBytes = B == 4 ? 64 : 192;  // per unit
+  const int64_t k = w.k, ng = w.num_groups, ns = w.num_super;
+  const uint8_t* codes = w.codes + t * kLaneRows * w.row_bytes;
+  const uint8_t* scales = static_cast<const uint8_t*>(w.group_scale) + t * kLaneRows * ng;
+  const uint8_t* mins =
+      OFFSET ? static_cast<const uint8_t*>(w.group_offset) + t * kLaneRows * ng : nullptr;
+  const int8_t* x = xq.codes.data() + r0 * k;
+  const int16_t* xsums = xq.sums.data() + r0 * ng;
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  {
+    __m256i block[R];
+    for (int r = 0; r < R; ++r) block[r] = _mm256_setzero_si256();
+    for (int g = 0; g < S; ++g) {
+      const int64_t gi = b * S + g;
+      const uint8_t* group_codes = codes + gi * kGroupBytes;
+      const int8_t* xg = x + gi * G;
+      const __m256i sc = half_lanes<SIGNED>(scales + gi * kLaneRows + half * kHalfRows);
+      const __m256i sc_pairs = int16_pairs(sc, sc);
+      __m256i part[R];  // int16 sums of 4-bit quads, a whole group (see the bounds above)
+      for (int r = 0; r < R; ++r) part[r] = _mm256_setzero_si256();
+// Not unrolled: unrolled, g++ hoisted every product of the group and kept them on the stack
+// (Q4_K at 6 rows: 192-200 GMAC/s).
+#pragma GCC unroll 1
+      for (int u = 0; u < kGroupBytes / kUnitBytes; ++u) {
+        const uint8_t* unit = group_codes + u * kUnitBytes;
+        for (int line = 0; line < kUnitBytes; line += 64)
+          __builtin_prefetch(unit + line + kLanePrefetchBytes, 0, 3);
+        __m256i v[4];
+        if constexpr (B == 4) {
+          const __m256i raw =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + half * 32));
+          v[0] = _mm256_and_si256(raw, mask);
+          v[1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        } else {
+          six_bit_quads256(unit + half * 32, v);
+        }
+        const int8_t* xu = xg + u * kQuads * 4;
+        for (int r = 0; r < R; ++r)
+          for (int q = 0; q < kQuads; q += 2) {
+            const __m256i two = _mm256_add_epi16(
+                _mm256_maddubs_epi16(v[q], broadcast_quad256(xu + r * k + 4 * q)),
+                _mm256_maddubs_epi16(v[q + 1], broadcast_quad256(xu + r * k + 4 * q + 4)));
+            if constexpr (B == 4)
+              part[r] = _mm256_add_epi16(part[r], two);
+            else
+              block[r] = _mm256_add_epi32(block[r], _mm256_madd_epi16(two, sc_pairs));
+          }
+      }
+      if constexpr (B == 4)
+        for (int r = 0; r < R; ++r)
+          block[r] = _mm256_add_epi32(block[r], _mm256_madd_epi16(part[r], sc_pairs));
+    }
+    // Per row, the offsets' integer sums and Q6_K's + 32, pairs of groups a vpmaddwd.
+    __m256i offsets[R];
+    for (int r = 0; r < R; ++r) offsets[r] = _mm256_setzero_si256();
+    for (int j = 0; j < S / 2; ++j) {
+      const int64_t g0 = b * S + 2 * j;
+      const int64_t at = g0 * kLaneRows + half * kHalfRows;
+      __m256i min_pairs = _mm256_setzero_si256(), bias_pairs = _mm256_setzero_si256();
+      if constexpr (OFFSET) min_pairs = int16_pairs(half_lanes<false>(mins + at),
+                                                    half_lanes<false>(mins + at + kLaneRows));
+      if constexpr (SIGNED)
+        bias_pairs = int16_pairs(_mm256_slli_epi32(half_lanes<true>(scales + at), 5),
+                                 _mm256_slli_epi32(half_lanes<true>(scales + at + kLaneRows), 5));
+      for (int r = 0; r < R; ++r) {
+        int32_t both;
+        std::memcpy(&both, xsums + r * ng + g0, sizeof(both));
+        const __m256i xs = _mm256_set1_epi32(both);
+        if constexpr (OFFSET)
+          offsets[r] = _mm256_add_epi32(offsets[r], _mm256_madd_epi16(min_pairs, xs));
+        if constexpr (SIGNED)
+          block[r] = _mm256_sub_epi32(block[r], _mm256_madd_epi16(bias_pairs, xs));
+      }
+    }
+    const int64_t lanes = t * kLaneRows * ns + b * kLaneRows + half * kHalfRows;
+    const __m256 dv = _mm256_loadu_ps(w.super_scale + lanes);
+    const __m256 dminv = OFFSET ? _mm256_loadu_ps(w.super_offset + lanes) : _mm256_setzero_ps();
+    for (int r = 0; r < R; ++r) {
+      const __m256 dx = _mm256_set1_ps(xq.scale[(r0 + r) * ns + b]);
+      out[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[r]), _mm256_mul_ps(dv, dx), out[r]);
+      if constexpr (OFFSET)
+        out[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offsets[r]), _mm256_mul_ps(dminv, dx), out[r]);
+    }
+  }
+}
+
+// 8 float32 outputs of one row at column col0, bias added, in the call's dtype.
+inline void put_half(__m256 y, int64_t row, int64_t col0, const QuantOut& sink) {
+  if (sink.bias) y = _mm256_add_ps(y, _mm256_loadu_ps(sink.bias + col0));
+  if (sink.bf16)
+    Simd256::store_bf16(reinterpret_cast<uint16_t*>(sink.bf16 + row * sink.n + col0), y, 8);
+  else
+    _mm256_storeu_ps(sink.f32 + row * sink.n + col0, y);
+}
+
+// R rows of x (from r0) against tile t. Both halves of each super-block in turn: a tile's
+// codes stream from memory once, without a pause while a second pass reads them from L2
+// (batch 1, 1B Q4_K_M: 45.7 GB/s with a pass per half against 55.6 for the plain layout).
+template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
+void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
+                const QuantOut& sink) {
+  __m256 y[2][R];
+  for (int half = 0; half < 2; ++half)
+    for (int r = 0; r < R; ++r) y[half][r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < w.num_super; ++b)
+    for (int half = 0; half < 2; ++half)
+      half_super_block<B, G, S, SIGNED, OFFSET, R>(w, xq, r0, t, b, half, y[half]);
+  for (int half = 0; half < 2; ++half)
+    for (int r = 0; r < R; ++r)
+      put_half(y[half][r], r0 + r, t * kLaneRows + half * kHalfRows, sink);
+}
+
+// Rows [r0, r0 + num_rows) (num_rows <= kLaneBlockRows) against tile t.
+template <int B, int G, int S, bool SIGNED, bool OFFSET>
+void lanes_pass(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t num_rows,
+                int64_t t, const QuantOut& sink) {
+  switch (num_rows) {
+    case 6: return lanes_rows<B, G, S, SIGNED, OFFSET, 6>(w, xq, r0, t, sink);
+    case 5: return lanes_rows<B, G, S, SIGNED, OFFSET, 5>(w, xq, r0, t, sink);
+    case 4: return lanes_rows<B, G, S, SIGNED, OFFSET, 4>(w, xq, r0, t, sink);
+    case 3: return lanes_rows<B, G, S, SIGNED, OFFSET, 3>(w, xq, r0, t, sink);
+    case 2: return lanes_rows<B, G, S, SIGNED, OFFSET, 2>(w, xq, r0, t, sink);
+    default: return lanes_rows<B, G, S, SIGNED, OFFSET, 1>(w, xq, r0, t, sink);
+  }
+}
+#endif
+
+}  // namespace
