@@ -32,6 +32,7 @@ from benchmarks import run_environment, write_json
 from benchmarks.gpu import REPO_ROOT
 from benchmarks.real_size_serving import (
     MODEL_NAME,
+    add_llama_cpp_isa,
     checkpoint,
     ggufs,
     serve_llama_cpp,
@@ -101,6 +102,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=200, help="tokens per request (200)")
     p.add_argument("--shape", choices=("1b", "tiny"), default="1b")
     p.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
+    add_llama_cpp_isa(p)
     p.add_argument("--port", type=int, default=18400, help="ours; llama-server at +10")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     default_out = REPO_ROOT / "benchmarks/results/batch1_tpot_cpu.json"

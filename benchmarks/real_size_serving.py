@@ -112,7 +112,7 @@ def serve_llama_cpp(args: argparse.Namespace, model: Path, work: Path) -> Iterat
     # A slot per request in flight: the largest concurrency, or (rate runs) up to 16 at once.
     slots = max([*args.concurrency, 16 if args.rates else 1])
     per_slot = context_per_request(args)
-    binary = llama_cpp.build_tools(("llama-server",)) / "llama-server"
+    binary = llama_cpp.build_tools(("llama-server",), args.llama_cpp_isa) / "llama-server"
     cmd = [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["-t", str(args.threads), "--parallel", str(slots), "-c", str(slots * per_slot)]
     cmd += ["--alias", MODEL_NAME, "--seed", "0"]
@@ -248,6 +248,16 @@ def vllm_best_dtype() -> str:
     return "bfloat16" if {"avx512_bf16", "amx_bf16"} & flags else "float32"
 
 
+def add_llama_cpp_isa(parser: argparse.ArgumentParser) -> None:
+    """``--llama-cpp-isa``: which build of llama-server runs."""
+    isa_help = (
+        "llama-server built for this CPU (native, default) or for AVX2 only (avx2: the peer of "
+        "ours forced to AVX2 with LLM_SUITE_CPU_ISA=avx2)"
+    )
+    choices = sorted(llama_cpp.BUILD_FLAGS)
+    parser.add_argument("--llama-cpp-isa", choices=choices, default="native", help=isa_help)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -261,6 +271,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate-prompts", type=int, default=16, help="prompts per rate run (16)")
     p.add_argument("--shape", choices=("1b", "tiny"), default="1b")
     p.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
+    add_llama_cpp_isa(p)
     p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)
     dtype_help = "vLLM's dtype (default: its best here, bfloat16 with AVX512-BF16, else float32)"
     p.add_argument("--vllm-dtype", default=vllm_best_dtype(), help=dtype_help)

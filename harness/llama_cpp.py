@@ -9,7 +9,7 @@ unpacked there; later calls reuse it.
 - :func:`convert_hf_to_gguf`: a Hugging Face folder -> a GGUF file, by llama.cpp's
   ``convert_hf_to_gguf.py`` (run with this interpreter; it imports its own vendored ``gguf``);
 - :func:`build_tools`: ``llama-quantize``, ``llama-server``, ``llama-bench`` built with cmake
-  for this CPU, once per cache folder;
+  for this CPU (or for AVX2 only: ``isa="avx2"``), once per cache folder;
 - :func:`quantize`: a GGUF -> another GGUF type (``Q4_K_M``, ``Q4_1``...) by ``llama-quantize``.
 
 ``LLM_SUITE_LLAMA_CPP_CACHE`` moves the cache (default ``~/.cache/llm_suite/llama_cpp``).
@@ -38,6 +38,18 @@ BUILD_TIMEOUT_S = 3600
 
 #: The tools :func:`build_tools` builds (cmake targets; the binaries have the same names).
 TOOL_TARGETS: tuple[str, ...] = ("llama-quantize", "llama-server", "llama-bench")
+
+#: The instruction sets a build of the tools can target: this CPU's own (``native``), or AVX2
+#: with FMA and F16C and nothing newer (``avx2``: the peer of our kernels forced to AVX2 on a
+#: CPU that has AVX-512, as a real AVX2-only CPU would run both).
+BUILD_FLAGS: dict[str, list[str]] = {
+    "native": ["-DGGML_NATIVE=ON"],
+    "avx2": [
+        "-DGGML_NATIVE=OFF",
+        *(f"-DGGML_{flag}=ON" for flag in ("AVX", "AVX2", "FMA", "F16C", "BMI2")),
+        *(f"-DGGML_{flag}=OFF" for flag in ("AVX_VNNI", "AVX512", "AVX512_VNNI", "AVX512_BF16")),
+    ],
+}
 
 
 class LlamaCppError(RuntimeError):
@@ -124,16 +136,19 @@ def convert_hf_to_gguf(hf_dir: Path, out_file: Path, outtype: str = "f32") -> Pa
     return out_file
 
 
-def build_tools(targets: tuple[str, ...] = TOOL_TARGETS) -> Path:
-    """Build llama.cpp's tools for this CPU (cmake, Release, no CURL); returns the folder
-    holding the binaries. Built once: later calls find them."""
+def build_tools(targets: tuple[str, ...] = TOOL_TARGETS, isa: str = "native") -> Path:
+    """Build llama.cpp's tools for this CPU, or for ``isa`` (a ``BUILD_FLAGS`` key; cmake,
+    Release, no CURL); returns the folder holding the binaries. Built once: later calls find
+    them."""
+    if isa not in BUILD_FLAGS:
+        raise ValueError(f"unknown llama.cpp build {isa!r}; choose from {sorted(BUILD_FLAGS)}")
     tree = source_tree()
-    build = cache_dir() / "build"
+    build = cache_dir() / ("build" if isa == "native" else f"build-{isa}")
     bin_dir = build / "bin"
     if all((bin_dir / target).is_file() for target in targets):
         return bin_dir
     configure = ["cmake", "-S", str(tree), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
-    configure += ["-DLLAMA_CURL=OFF", "-DGGML_NATIVE=ON", "-DLLAMA_BUILD_TESTS=OFF"]
+    configure += ["-DLLAMA_CURL=OFF", "-DLLAMA_BUILD_TESTS=OFF", *BUILD_FLAGS[isa]]
     _run(configure, BUILD_TIMEOUT_S, "cmake configure")
     jobs = str(os.cpu_count() or 2)
     _run(
