@@ -20,7 +20,7 @@ namespace {
 
 #if defined(LLM_SUITE_HAS_QGEMM_LANES) && defined(LLM_SUITE_SUPER_512)
 
-constexpr int64_t kLaneBlockRows = 8;  // rows of x per pass over a tile (3 x 8 accumulators)
+constexpr int kLaneBlockRows = 8;  // rows of x per pass over a tile (3 x 8 accumulators)
 // The four codes of x's row at p broadcast to every lane.
 inline __m512i broadcast_quad(const int8_t* p) {
   int32_t v;
@@ -169,25 +169,21 @@ void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t
   for (int r = 0; r < R; ++r) put_lanes(total[r], r0 + r, t * kLaneRows, sink);
 }
 
-// Rows [r0, r0 + num_rows) (num_rows <= kLaneBlockRows) against tile t.
-template <int B, int G, int S, bool SIGNED, bool OFFSET>
-void lanes_pass(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t num_rows,
-                int64_t t, const QuantOut& sink) {
-  switch (num_rows) {
-    case 8: return lanes_rows<B, G, S, SIGNED, OFFSET, 8>(w, xq, r0, t, sink);
-    case 7: return lanes_rows<B, G, S, SIGNED, OFFSET, 7>(w, xq, r0, t, sink);
-    case 6: return lanes_rows<B, G, S, SIGNED, OFFSET, 6>(w, xq, r0, t, sink);
-    case 5: return lanes_rows<B, G, S, SIGNED, OFFSET, 5>(w, xq, r0, t, sink);
-    case 4: return lanes_rows<B, G, S, SIGNED, OFFSET, 4>(w, xq, r0, t, sink);
-    case 3: return lanes_rows<B, G, S, SIGNED, OFFSET, 3>(w, xq, r0, t, sink);
-    case 2: return lanes_rows<B, G, S, SIGNED, OFFSET, 2>(w, xq, r0, t, sink);
-    default: return lanes_rows<B, G, S, SIGNED, OFFSET, 1>(w, xq, r0, t, sink);
-  }
-}
-
 #endif
 
 #if defined(LLM_SUITE_HAS_QGEMM_LANES)
+// Rows [r0, r0 + num_rows) (1 <= num_rows <= R) against tile t, with the build's lanes_rows
+// (qgemm_lanes.h or qgemm_lanes_avx2.h) compiled for that many rows.
+template <int B, int G, int S, bool SIGNED, bool OFFSET, int R = kLaneBlockRows>
+void lanes_pass(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t num_rows,
+                int64_t t, const QuantOut& sink) {
+  if constexpr (R > 1) {
+    if (num_rows < R)
+      return lanes_pass<B, G, S, SIGNED, OFFSET, R - 1>(w, xq, r0, num_rows, t, sink);
+  }
+  lanes_rows<B, G, S, SIGNED, OFFSET, R>(w, xq, r0, t, sink);
+}
+
 // y = x . W^T (+ bias) with W in the tiled layout and x quantised per super-block.
 at::Tensor quant_linear_lanes(const at::Tensor& x, const QuantWeight& w,
                               const c10::optional<at::Tensor>& bias) {
@@ -203,10 +199,11 @@ at::Tensor quant_linear_lanes(const at::Tensor& x, const QuantWeight& w,
     const int64_t chunk = std::max<int64_t>(1, kLaneChunkBytes / (kLaneRows * w.row_bytes));
     at::parallel_for(0, num_tiles, 1, [&](int64_t t0, int64_t t1) {
       for (int64_t c0 = t0; c0 < t1; c0 += chunk)
-        for (int64_t r = 0; r < m; r += kLaneBlockRows)
+        for (int64_t r = 0; r < m; r += kLaneBlockRows) {
+          const int64_t num_rows = std::min<int64_t>(kLaneBlockRows, m - r);
           for (int64_t t = c0; t < std::min(t1, c0 + chunk); ++t)
-            lanes_pass<B, G, S, SIGNED, OFFSET>(w, xq, r, std::min(kLaneBlockRows, m - r), t,
-                                                call.sink);
+            lanes_pass<B, G, S, SIGNED, OFFSET>(w, xq, r, num_rows, t, call.sink);
+        }
     });
   });
   return call.out;

@@ -21,7 +21,7 @@ namespace {
 // broadcast are one register more than the 16; still, Zen 5 forced to AVX2, 2 threads, GMAC/s:
 // 4 rows Q4_K 248-256 / Q6_K 198-210, 6 rows 259-270 / 210-226 (the plain layout's dot
 // products: 155-171 / 126-142).
-constexpr int64_t kLaneBlockRows = 6;
+constexpr int kLaneBlockRows = 6;
 constexpr int kHalfRows = 8;  // weight rows a 256-bit register holds
 
 inline __m256i broadcast_quad256(const int8_t* p) {
@@ -39,7 +39,8 @@ inline __m256i half_lanes(const uint8_t* p) {
 
 // Two int32 lane vectors as int16 pairs (lo in the low half of each lane, hi in the high).
 inline __m256i int16_pairs(__m256i lo, __m256i hi) {
-  return _mm256_or_si256(_mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(hi, 16));
+  const __m256i low = _mm256_and_si256(lo, _mm256_set1_epi32(0xFFFF));
+  return _mm256_or_si256(low, _mm256_slli_epi32(hi, 16));
 }
 
 // The half's next codes of k-quads 0-3 from a 6-bit block (three 64-byte vectors at p).
@@ -176,19 +177,6 @@ void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t
       put_half(y[half][r], r0 + r, t * kLaneRows + half * kHalfRows, sink);
 }
 
-// Rows [r0, r0 + num_rows) (num_rows <= kLaneBlockRows) against tile t.
-template <int B, int G, int S, bool SIGNED, bool OFFSET>
-void lanes_pass(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t num_rows,
-                int64_t t, const QuantOut& sink) {
-  switch (num_rows) {
-    case 6: return lanes_rows<B, G, S, SIGNED, OFFSET, 6>(w, xq, r0, t, sink);
-    case 5: return lanes_rows<B, G, S, SIGNED, OFFSET, 5>(w, xq, r0, t, sink);
-    case 4: return lanes_rows<B, G, S, SIGNED, OFFSET, 4>(w, xq, r0, t, sink);
-    case 3: return lanes_rows<B, G, S, SIGNED, OFFSET, 3>(w, xq, r0, t, sink);
-    case 2: return lanes_rows<B, G, S, SIGNED, OFFSET, 2>(w, xq, r0, t, sink);
-    default: return lanes_rows<B, G, S, SIGNED, OFFSET, 1>(w, xq, r0, t, sink);
-  }
-}
 #endif
 
 }  // namespace

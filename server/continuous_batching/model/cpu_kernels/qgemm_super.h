@@ -50,7 +50,8 @@ inline void store_codes(int8_t* dst, Simd::F v) {
   _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
 #else
   const __m256i i32 = _mm256_cvtps_epi32(v);
-  const __m128i i16 = _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
+  const __m128i i16 =
+      _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
   _mm_storel_epi64(reinterpret_cast<__m128i*>(dst), _mm_packs_epi16(i16, i16));
 #endif
 }
@@ -101,9 +102,10 @@ inline const SuperRows& quantize_super(const at::Tensor& x, int64_t span, int64_
       int8_t* out = q.codes.data() + b * span;
       int8_t* dst = is_nibble_order ? codes : out;
       int16_t* sums = q.sums.data() + b * groups_per_span;
+      const int64_t at = b * span;
       q.scale[b] = is_bf16
-          ? quantize_span(static_cast<const c10::BFloat16*>(data) + b * span, span, group, dst, sums)
-          : quantize_span(static_cast<const float*>(data) + b * span, span, group, dst, sums);
+          ? quantize_span(static_cast<const c10::BFloat16*>(data) + at, span, group, dst, sums)
+          : quantize_span(static_cast<const float*>(data) + at, span, group, dst, sums);
       if (!is_nibble_order) continue;
       for (int64_t i = 0; i < span; i += 64) {
         std::memcpy(out + i, codes + i, 16);
