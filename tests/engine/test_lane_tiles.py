@@ -58,12 +58,17 @@ def test_tiling_is_exact_and_reversible(kernels, qtype) -> None:
         return
     tiled = weight.lane_tiled(kernels)
     assert tiled.is_lane_tiled and tiled.in_features == weight.in_features
+    # The super-block scales (and offsets) as fp16: the file's d and dmin, exactly.
+    supers = [t for t in (weight.super_scale, weight.super_offset) if t is not None]
+    assert tiled.super_scale.dtype == torch.float16
+    assert tiled.super_offset is None or tiled.super_offset.dtype == torch.float16
+    fp16_saving = sum(t.numel() * 2 for t in supers)
     if qtype == T.Q4_K:  # 4-bit codes keep their bytes, reordered
-        assert tiled.bits == 4 and tiled.num_bytes == weight.num_bytes
+        assert tiled.bits == 4 and tiled.num_bytes == weight.num_bytes - fp16_saving
         assert not torch.equal(tiled.codes, weight.codes)
     else:  # Q5_K's and Q6_K's byte codes as 6 bits
         assert tiled.bits == 6 and tiled.codes.shape == (48, 512 * 3 // 4)
-        assert tiled.num_bytes == weight.num_bytes - 48 * 512 // 4
+        assert tiled.num_bytes == weight.num_bytes - 48 * 512 // 4 - fp16_saving
     for plain, back in zip(weight.tensors(), tiled.untiled().tensors(), strict=True):
         assert (plain is None and back is None) or torch.equal(plain, back)
     assert torch.equal(tiled.dequantize(), weight.dequantize())
@@ -128,6 +133,30 @@ def test_tiled_kernel_in_runs_of_tiles(kernels, qtype) -> None:
     x_used = quantize_activations(x, weight.activation_group).double()
     expected = x_used @ weight.dequantize().double().T
     assert (got.double() - expected).abs().max().item() <= 2e-5 * expected.abs().max().item()
+
+
+def test_super_scales_stay_float32_where_fp16_is_not_exact(kernels) -> None:
+    """A super scale fp16 cannot hold (GPTQ's, computed at load) keeps float32 in the tiles,
+    and the kernel reads either kind (one flag per weight)."""
+    if not kernels.has_lane_tiles:
+        return
+    weight = _weight(T.Q4_K, 32, 2, 11)
+    odd = replace(weight, super_scale=weight.super_scale * (1 + 2**-20))
+    tiled = odd.lane_tiled(kernels)
+    assert tiled.super_scale.dtype == tiled.super_offset.dtype == torch.float32
+    x = torch.randn(3, odd.in_features, generator=torch.Generator().manual_seed(2))
+    got = _call(kernels, x, tiled, None, is_int8_activations=True, is_tiled=True)
+    expected = quantize_activations(x, odd.activation_group).double() @ odd.dequantize().double().T
+    assert (got.double() - expected).abs().max().item() <= 2e-5 * expected.abs().max().item()
+    with pytest.raises(RuntimeError, match="fp16 super scales"):
+        plain_fp16 = replace(weight, super_scale=weight.super_scale.half())
+        _call(
+            kernels,
+            x,
+            replace(plain_fp16, super_offset=weight.super_offset.half()),
+            None,
+            is_int8_activations=True,
+        )
 
 
 def test_packed_linear_tiles_where_the_build_can(kernels) -> None:

@@ -26,7 +26,9 @@ Every repacker is vectorised over all blocks of a tensor (no Python loop over bl
 
 On AVX512-VNNI and AVX2 builds the super-block layouts (Q4_K, Q5_K, Q6_K, GPTQ g128) are then
 tiled for the kernels that keep the weight rows in the vector lanes (``lane_tiled``,
-``lane_tiles``): Q5_K and Q6_K as 6-bit codes there (216 and 212 bytes per 256 weights).
+``lane_tiles``), with the super-block scales and offsets as fp16 where that is exact (the
+K-quants' d and dmin are the file's fp16): Q4_K 148 bytes per 256 weights there, Q5_K (as
+6-bit codes) 212, Q6_K (6-bit codes) 210, the file's own size.
 """
 
 from __future__ import annotations
@@ -124,6 +126,7 @@ class PackedWeight:
             if int(low) + self._code_offset < 0 or int(high) + self._code_offset > 63:
                 return self
         scales = [None if t is None else tile_rows(t) for t in self.tensors()[1:]]
+        scales[2:] = _as_fp16_if_exact(scales[2:])
         codes = kernels.lane_tile_codes(self.codes, self.bits, self._code_offset)
         fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
         return replace(self, **fields, bits=6 if self.bits == 8 else 4, is_lane_tiled=True)
@@ -134,6 +137,7 @@ class PackedWeight:
         if not self.is_lane_tiled:
             return self if rows is None else self.select_rows(rows)
         scales = [None if t is None else untile_rows(t, rows) for t in self.tensors()[1:]]
+        scales[2:] = [None if t is None else t.float() for t in scales[2:]]  # plain: float32
         codes = untile_codes(self.codes, self.bits, self._code_offset, rows)
         fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
         return replace(self, **fields, bits=8 if self.bits == 6 else 4, is_lane_tiled=False)
@@ -182,6 +186,16 @@ class PackedWeight:
 
 #: The row-indexed tensor fields of ``PackedWeight``, in ``tensors()`` order.
 ROW_FIELDS = ("codes", "group_scale", "group_offset", "super_scale", "super_offset")
+
+
+def _as_fp16_if_exact(supers: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """A tiled weight's super-block scale and offset as fp16 where both convert exactly (a
+    K-quant's d and dmin: the file's own fp16), else as they are. Batch-1 decode streams every
+    byte of the weight: for Q4_K, fp16 makes 148 bytes per 256 weights of 152 (the file: 144)."""
+    present = [t for t in supers if t is not None]
+    if not present or any(not torch.equal(t.half().float(), t) for t in present):
+        return supers
+    return [None if t is None else t.half() for t in supers]
 
 
 def _expand(group: torch.Tensor, super_: torch.Tensor | None) -> torch.Tensor:

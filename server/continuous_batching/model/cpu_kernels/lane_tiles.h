@@ -10,7 +10,8 @@
 //                 nibbles as above (k-quads 0 and 1, then 2 and 3), then one of high bits, byte
 //                 (4c + j) holding k-quad q's bits 4-5 at bits 2q, 2q + 1 (rows of K * 3 / 4
 //                 bytes where the plain layout stored a byte per code);
-//   group scales and offsets [K/G][16], super-block scales and offsets [K/L][16].
+//   group scales and offsets [K/G][16], super-block scales and offsets [K/L][16] (float32,
+//   or fp16 where exact: a K-quant's d and dmin are fp16 in the file).
 #pragma once
 
 #include "qgemm_super.h"

@@ -33,6 +33,9 @@ struct QuantWeight {
   const void* group_offset;  // nullptr: no offsets
   const float* super_scale;  // nullptr: group_scale is the scale
   const float* super_offset;
+  // The tiled layout's alternative (lane_tiles.h): fp16 super scale and offset, where exact.
+  const c10::Half* super_scale_half;
+  const c10::Half* super_offset_half;
   int64_t num_super, groups_per_super;
 };
 
@@ -333,16 +336,25 @@ QuantWeight quant_weight_of(const at::Tensor& codes, int64_t bits, int64_t group
   w.num_super = 1;
   w.groups_per_super = w.num_groups;
   if (super_scale && super_scale->defined()) {
-    TORCH_CHECK(super_scale->scalar_type() == at::kFloat && super_scale->is_contiguous() &&
-                    super_scale->size(0) == w.n && w.num_groups % super_scale->size(1) == 0,
-                "super_scale float32 [N, K/(G*S)]");
+    const bool is_half = super_scale->scalar_type() == at::kHalf;
+    TORCH_CHECK((is_half || super_scale->scalar_type() == at::kFloat) &&
+                    super_scale->is_contiguous() && super_scale->size(0) == w.n &&
+                    w.num_groups % super_scale->size(1) == 0,
+                "super_scale float32 (or fp16, tiled) [N, K/(G*S)]");
     w.num_super = super_scale->size(1);
     w.groups_per_super = w.num_groups / w.num_super;
-    w.super_scale = super_scale->data_ptr<float>();
+    if (is_half)
+      w.super_scale_half = super_scale->data_ptr<c10::Half>();
+    else
+      w.super_scale = super_scale->data_ptr<float>();
     if (super_offset && super_offset->defined()) {
-      TORCH_CHECK(super_offset->sizes() == super_scale->sizes() && super_offset->is_contiguous(),
-                  "super_offset shape");
-      w.super_offset = super_offset->data_ptr<float>();
+      TORCH_CHECK(super_offset->sizes() == super_scale->sizes() && super_offset->is_contiguous() &&
+                      super_offset->scalar_type() == super_scale->scalar_type(),
+                  "super_offset: super_scale's shape and dtype");
+      if (is_half)
+        w.super_offset_half = super_offset->data_ptr<c10::Half>();
+      else
+        w.super_offset = super_offset->data_ptr<float>();
     }
   }
   return w;

@@ -43,6 +43,13 @@ inline __m512i lane_pairs(const uint8_t* first) {
   return _mm512_or_si512(_mm512_and_si512(lo, _mm512_set1_epi32(0xFFFF)), hi);
 }
 
+// 16 rows' super-block scales (or offsets) from `at`: float32, or fp16 where the weight has
+// them so (one branch per super-block, on a flag fixed for the weight).
+inline __m512 super_lanes(const float* f32, const c10::Half* f16, int64_t at) {
+  if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(f16 + at)));
+  return _mm512_loadu_ps(f32 + at);
+}
+
 // R rows of x (from r0) against tile t's 16 weight rows: total[r] lane c = x row r0 + r . row
 // 16 t + c. Groups of 32 4-bit codes are 4 loads, of 8-bit codes G / 4 loads; with few rows the
 // loads alternate between two sets of accumulators (a chain of dependent vpdpbusd otherwise).
@@ -77,8 +84,7 @@ void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
   const uint8_t* scales = static_cast<const uint8_t*>(w.group_scale) + t * kLaneRows * ng;
   const uint8_t* mins =
       OFFSET ? static_cast<const uint8_t*>(w.group_offset) + t * kLaneRows * ng : nullptr;
-  const float* d = w.super_scale + t * kLaneRows * ns;
-  const float* dmin = OFFSET ? w.super_offset + t * kLaneRows * ns : nullptr;
+  const int64_t super_at = t * kLaneRows * ns;  // the tile's super scales and offsets
   const int8_t* x = xq.codes.data() + r0 * k;
   const int16_t* xsums = xq.sums.data() + r0 * ng;
   const __m512i mask = _mm512_set1_epi8(0x0F);
@@ -135,8 +141,10 @@ void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
           block[r] = _mm512_sub_epi32(block[r], _mm512_madd_epi16(bias_pairs, xs));
       }
     }
-    const __m512 dv = _mm512_loadu_ps(d + b * kLaneRows);
-    const __m512 dminv = OFFSET ? _mm512_loadu_ps(dmin + b * kLaneRows) : _mm512_setzero_ps();
+    const int64_t lanes = super_at + b * kLaneRows;
+    const __m512 dv = super_lanes(w.super_scale, w.super_scale_half, lanes);
+    const __m512 dminv =
+        OFFSET ? super_lanes(w.super_offset, w.super_offset_half, lanes) : _mm512_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const __m512 dx = _mm512_set1_ps(xq.scale[(r0 + r) * ns + b]);
       total[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(block[r]), _mm512_mul_ps(dv, dx), total[r]);

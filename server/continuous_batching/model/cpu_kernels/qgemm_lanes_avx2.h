@@ -43,6 +43,13 @@ inline __m256i int16_pairs(__m256i lo, __m256i hi) {
   return _mm256_or_si256(low, _mm256_slli_epi32(hi, 16));
 }
 
+// 8 rows' super-block scales (or offsets) from `at`: float32, or fp16 where the weight has
+// them so (one branch per super-block, on a flag fixed for the weight).
+inline __m256 super_half_lanes(const float* f32, const c10::Half* f16, int64_t at) {
+  if (f16) return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(f16 + at)));
+  return _mm256_loadu_ps(f32 + at);
+}
+
 // The half's next codes of k-quads 0-3 from a 6-bit block (three 64-byte vectors at p).
 inline void six_bit_quads256(const uint8_t* p, __m256i v[4]) {
   const __m256i low = _mm256_set1_epi8(0x0F), top = _mm256_set1_epi8(0x30);
@@ -140,8 +147,9 @@ inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t 
       }
     }
     const int64_t lanes = t * kLaneRows * ns + b * kLaneRows + half * kHalfRows;
-    const __m256 dv = _mm256_loadu_ps(w.super_scale + lanes);
-    const __m256 dminv = OFFSET ? _mm256_loadu_ps(w.super_offset + lanes) : _mm256_setzero_ps();
+    const __m256 dv = super_half_lanes(w.super_scale, w.super_scale_half, lanes);
+    const __m256 dminv = OFFSET ? super_half_lanes(w.super_offset, w.super_offset_half, lanes)
+                                : _mm256_setzero_ps();
     for (int r = 0; r < R; ++r) {
       const __m256 dx = _mm256_set1_ps(xq.scale[(r0 + r) * ns + b]);
       out[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[r]), _mm256_mul_ps(dv, dx), out[r]);

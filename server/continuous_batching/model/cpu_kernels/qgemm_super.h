@@ -364,10 +364,12 @@ using Const = std::integral_constant<int, V>;
 
 template <typename Fn>
 inline bool with_super_layout(const QuantWeight& w, Fn&& fn) {
-  if (!w.super_scale || w.k % (w.group * w.groups_per_super) != 0) return false;
+  const bool has_super = w.super_scale || w.super_scale_half;
+  if (!has_super || w.k % (w.group * w.groups_per_super) != 0) return false;
   const bool is_u8 = w.scale_type == at::kByte, is_i8 = w.scale_type == at::kChar;
   const bool has_offset = w.group_offset != nullptr;
-  if (has_offset && (w.offset_type != at::kByte || !w.super_offset)) return false;
+  const bool has_super_offset = w.super_offset || w.super_offset_half;
+  if (has_offset && (w.offset_type != at::kByte || !has_super_offset)) return false;
   const auto call = [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
     fn(b, g, s, is_signed, is_offset);
     return true;
