@@ -20,6 +20,7 @@ import pytest
 
 from harness.servers import reserve_socket
 from harness.waiting import wait_until
+from server.continuous_batching import huge_pages
 from server.continuous_batching.model.cpu_isa import KERNEL_WORDS
 from tests.support.cpu_paths import runnable_levels
 from tests.support.default_model import assert_answers_the_demo_question
@@ -30,6 +31,14 @@ CAPS = {
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "generic": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "SSE41"},
 }
+
+
+def _anon_huge_kb(pid: int) -> int:
+    """Anonymous memory of process ``pid`` in transparent huge pages, kB."""
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
 
 
 @pytest.mark.parametrize("level", [lv for lv in ("avx2", "generic") if lv in runnable_levels()])
@@ -82,6 +91,10 @@ def test_shipped_config_starts_and_answers_on_a_lower_cpu(
         assert_answers_the_demo_question(url)
         text = log.read_text()
         assert "CPU path: decoder ops:" in text
+        # The weights and KV cache in 2 MB pages where the kernel allows (huge_pages).
+        if huge_pages.system_mode() in ("always", "madvise") and huge_pages.ENV not in env:
+            assert "huge pages for weights and KV cache: True" in text
+            assert _anon_huge_kb(process.pid) > 0
         if level == "generic":  # bf16 with no fast matmul: served, with a warning of the cost
             assert "no fast matmul on this CPU path" in text
     finally:
