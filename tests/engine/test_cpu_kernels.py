@@ -207,7 +207,7 @@ def test_add_rms_norm(kernels, dtype) -> None:
     torch.testing.assert_close(out.float(), expected.float(), atol=TOLERANCE[dtype], rtol=1e-2)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_silu_and_mul(kernels, dtype) -> None:
     gen = torch.Generator().manual_seed(3)
     # Large gates of both signs: sigmoid must neither overflow nor lose its sign.

@@ -26,7 +26,7 @@ def _exact_gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return 0.5 * g * (1 + torch.tanh(inner)) * u
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
 def test_gelu_tanh_and_mul(kernels, dtype) -> None:
     gen = torch.Generator().manual_seed(5)
     # Large gates of both signs (tanh saturates) and small ones (the cubic term matters).

@@ -62,6 +62,12 @@ inline float exp_nonpositive(float x) {
   return p * scale;
 }
 
+// sigmoid(z) from exp(-|z|) only: no overflow for either sign.
+inline float sigmoid(float z) {
+  const float e = exp_nonpositive(-std::fabs(z));
+  return (z >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
 // max(x[0..n)) with independent lanes (a plain running max does not vectorise).
 inline float row_max(const float* __restrict x, int64_t n) {
   float lanes[kLanes];

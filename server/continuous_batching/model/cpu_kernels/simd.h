@@ -39,6 +39,15 @@ struct Simd512 {
   static F min(F a, F b) { return _mm512_min_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F div(F a, F b) { return _mm512_div_ps(a, b); }
+  static F neg_abs(F x) {  // -|x|: the sign bit set
+    return _mm512_castsi512_ps(
+        _mm512_or_si512(_mm512_castps_si512(x), _mm512_set1_epi32(int32_t(0x80000000u))));
+  }
+  // Per lane, x >= 0 ? a : b (NaN x takes b).
+  static F select_nonneg(F x, F a, F b) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, zero(), _CMP_GE_OQ), b, a);
+  }
   static float reduce_add(F v) { return _mm512_reduce_add_ps(v); }
   static float reduce_max(F v) { return _mm512_reduce_max_ps(v); }
   // Lanes of a greater than b (ordered: NaN never passes), one bit each.
@@ -105,6 +114,11 @@ struct Simd256 {
   static F min(F a, F b) { return _mm256_min_ps(a, b); }
   static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
   static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F div(F a, F b) { return _mm256_div_ps(a, b); }
+  static F neg_abs(F x) { return _mm256_or_ps(x, _mm256_set1_ps(-0.0f)); }
+  static F select_nonneg(F x, F a, F b) {
+    return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, zero(), _CMP_GE_OQ));
+  }
   static float reduce_add(F v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -170,6 +184,23 @@ inline typename S::F exp_nonpositive_v(typename S::F x) {
   p = S::fmadd(p, r, S::set1(1.0f));
   p = S::fmadd(p, r, S::set1(1.0f));
   return S::mul(p, S::pow2(n));
+}
+
+// sigmoid(z) of every lane: sigmoid (common.h), lane-wise.
+template <class S>
+inline typename S::F sigmoid_v(typename S::F z) {
+  const auto e = exp_nonpositive_v<S>(S::neg_abs(z));
+  return S::div(S::select_nonneg(z, S::set1(1.0f), e), S::add(S::set1(1.0f), e));
+}
+
+// The element types the vector loops load (Simd::load) and store (store_lanes); others take
+// the scalar loops.
+template <typename T>
+constexpr bool kIsSimdIo = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
+inline void store_lanes(float* p, Simd::F v) { Simd::store(p, v); }
+// Rounded to bf16 as from_f32 rounds (nearest even, NaN stays NaN).
+inline void store_lanes(c10::BFloat16* p, Simd::F v) {
+  Simd::store_bf16(reinterpret_cast<uint16_t*>(p), v, Simd::W);
 }
 #endif
 
