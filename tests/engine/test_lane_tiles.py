@@ -66,7 +66,11 @@ def test_tiling_is_exact_and_reversible(kernels, qtype) -> None:
     if qtype == T.Q4_K:  # 4-bit codes keep their bytes, reordered
         assert tiled.bits == 4 and tiled.num_bytes == weight.num_bytes - fp16_saving
         assert not torch.equal(tiled.codes, weight.codes)
-    else:  # Q5_K's and Q6_K's byte codes as 6 bits
+    elif qtype == T.Q5_K:  # byte codes of 0..31 as 5 bits: 180 bytes per 256 weights
+        assert tiled.bits == 5 and tiled.codes.shape == (48, 512 * 5 // 8)
+        assert tiled.num_bytes == weight.num_bytes - 48 * 512 * 3 // 8 - fp16_saving
+        assert tiled.num_bytes == 48 * 2 * 180
+    else:  # Q6_K's byte codes plus 32 as 6 bits
         assert tiled.bits == 6 and tiled.codes.shape == (48, 512 * 3 // 4)
         assert tiled.num_bytes == weight.num_bytes - 48 * 512 // 4 - fp16_saving
     for plain, back in zip(weight.tensors(), tiled.untiled().tensors(), strict=True):
@@ -80,8 +84,8 @@ def test_tiling_is_exact_and_reversible(kernels, qtype) -> None:
 
 
 def test_byte_codes_beyond_six_bits_stay_untiled(kernels) -> None:
-    """6-bit tiles hold Q5_K's codes and Q6_K's plus 32; other byte codes keep the plain layout
-    (and the tiler itself refuses them)."""
+    """6-bit tiles hold Q6_K's codes plus 32; other byte codes keep the plain layout (and the
+    tiler itself refuses them)."""
     if not kernels.has_lane_tiles:
         return
     weight = _weight(T.Q6_K, 16, 1, 9)
@@ -91,6 +95,27 @@ def test_byte_codes_beyond_six_bits_stay_untiled(kernels) -> None:
     assert odd.lane_tiled(kernels) is odd
     with pytest.raises(RuntimeError, match="0..63"):
         kernels.lane_tile_codes(codes, 8, 32)
+
+
+def test_byte_codes_beyond_five_bits_take_six_bit_tiles(kernels) -> None:
+    """Q5_K's codes (0..31) tile as 5 bits; one code past 31 in a weight of that layout makes
+    it 6-bit tiles, with the same products; the 5-bit tiler refuses it."""
+    if not kernels.has_lane_tiles:
+        return
+    weight = _weight(T.Q5_K, 16, 1, 10)
+    codes = weight.codes.clone()
+    codes[5, 100] = 40
+    wide = replace(weight, codes=codes)
+    tiled = wide.lane_tiled(kernels)
+    assert weight.lane_tiled(kernels).bits == 5 and tiled.bits == 6
+    assert torch.equal(tiled.dequantize(), wide.dequantize())
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(2))
+    got = _call(kernels, x, tiled, None, is_int8_activations=True, is_tiled=True)
+    x_used = quantize_activations(x, wide.activation_group).double()
+    expected = x_used @ wide.dequantize().double().T
+    assert (got.double() - expected).abs().max().item() <= 2e-5 * expected.abs().max().item()
+    with pytest.raises(RuntimeError, match="0..31"):
+        kernels.lane_tile_codes(codes, 8, 0, 5)
 
 
 @pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
@@ -118,11 +143,11 @@ def test_tiled_kernel_matches_float64_and_the_plain_kernels(kernels, qtype, rows
     assert (got.double() - plain.double()).abs().max().item() <= tolerance * scale
 
 
-@pytest.mark.parametrize("qtype", (T.Q4_K, T.Q6_K), ids=lambda t: t.name)
+@pytest.mark.parametrize("qtype", K_QUANTS, ids=lambda t: t.name)
 def test_tiled_kernel_in_runs_of_tiles(kernels, qtype) -> None:
-    """Rows of 8192 weights: tiles of 64 KB (Q4_K) or 96 KB (Q6_K), so each block of rows of
-    x meets the tiles in runs of a few (qgemm_lanes.h's kLaneChunkBytes), the last run short;
-    19 rows of x: two whole passes and a tail in every run."""
+    """Rows of 8192 weights: tiles of 64 KB (Q4_K), 80 KB (Q5_K) or 96 KB (Q6_K), so each
+    block of rows of x meets the tiles in runs of a few (qgemm_lanes.h's kLaneChunkBytes), the
+    last run short; 19 rows of x: two whole passes and a tail in every run."""
     if not kernels.has_lane_tiles:
         return
     weight = _weight(qtype, 80, 32, 5 + int(qtype))

@@ -47,7 +47,7 @@ GGUF_FUSED: dict[str, tuple[str, ...]] = {
     "gate_up": ("ffn_gate", "ffn_up"),
     "down": ("ffn_down",),
 }
-_CODE_WORDS = {4: "int4", 6: "int6", 8: "int8"}
+_CODE_WORDS = {4: "int4", 5: "int5", 6: "int6", 8: "int8"}
 
 
 @dataclass

@@ -27,8 +27,8 @@ Every repacker is vectorised over all blocks of a tensor (no Python loop over bl
 On AVX512-VNNI and AVX2 builds the super-block layouts (Q4_K, Q5_K, Q6_K, GPTQ g128) are then
 tiled for the kernels that keep the weight rows in the vector lanes (``lane_tiled``,
 ``lane_tiles``), with the super-block scales and offsets as fp16 where that is exact (the
-K-quants' d and dmin are the file's fp16): Q4_K 148 bytes per 256 weights there, Q5_K (as
-6-bit codes) 212, Q6_K (6-bit codes) 210, the file's own size.
+K-quants' d and dmin are the file's fp16): Q4_K 148 bytes per 256 weights there (the file:
+144), Q5_K (5-bit codes) 180 (176), Q6_K (6-bit codes) 210, the file's own size.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class PackedWeight:
         # The layouts of ``with_super_layout`` (qgemm_super.h): Q4_K and GPTQ int4 g128, Q5_K;
         # Q6_K.
         unsigned_layouts = ((4, 8), (4, 4), (8, 8))
-        bits = 8 if self.bits == 6 else self.bits  # 6-bit tiles hold 8-bit codes
+        bits = 8 if self.bits in (5, 6) else self.bits  # 5- and 6-bit tiles hold 8-bit codes
         is_super = (is_unsigned and self.group == 32 and (bits, per_super) in unsigned_layouts) or (
             is_signed and bits == 8 and self.group == 16 and per_super == 16
         )
@@ -112,24 +112,27 @@ class PackedWeight:
 
     @property
     def _code_offset(self) -> int:
-        """What 8-bit codes gain as 6-bit tiles: Q6_K's signed codes (int8 group scales) + 32."""
+        """What 8-bit codes gain as tiles: Q6_K's signed codes (int8 group scales) + 32."""
         return 32 if self.group_scale.dtype == torch.int8 else 0
 
     def lane_tiled(self, kernels: ModuleType) -> PackedWeight:
         """This weight in the tiled layout (``kernels``: a build with ``lane_tile_codes``);
-        8-bit codes as 6-bit tiles where they fit (Q5_K, Q6_K: every one of them), else the
-        weight itself, untiled."""
+        8-bit codes as 5-bit tiles where they fit in groups of 32 (Q5_K), else as 6-bit tiles
+        where they fit (Q6_K plus 32), else the weight itself, untiled."""
         if not self.can_lane_tile:
             raise ValueError(f"a {self.source} weight of {self.num_rows} rows cannot be tiled")
+        tile_bits = 4
         if self.bits == 8:
             low, high = torch.aminmax(self.codes.view(torch.int8))
-            if int(low) + self._code_offset < 0 or int(high) + self._code_offset > 63:
+            low, high = int(low) + self._code_offset, int(high) + self._code_offset
+            if low < 0 or high > 63:
                 return self
+            tile_bits = 5 if high <= 31 and self.group % 32 == 0 else 6
         scales = [None if t is None else tile_rows(t) for t in self.tensors()[1:]]
         scales[2:] = _as_fp16_if_exact(scales[2:])
-        codes = kernels.lane_tile_codes(self.codes, self.bits, self._code_offset)
+        codes = kernels.lane_tile_codes(self.codes, self.bits, self._code_offset, tile_bits)
         fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
-        return replace(self, **fields, bits=6 if self.bits == 8 else 4, is_lane_tiled=True)
+        return replace(self, **fields, bits=tile_bits, is_lane_tiled=True)
 
     def untiled(self, rows: torch.Tensor | None = None) -> PackedWeight:
         """This weight in the plain packed layout (itself when it is not tiled): its rows
@@ -140,7 +143,7 @@ class PackedWeight:
         scales[2:] = [None if t is None else t.float() for t in scales[2:]]  # plain: float32
         codes = untile_codes(self.codes, self.bits, self._code_offset, rows)
         fields = dict(zip(ROW_FIELDS, [codes, *scales], strict=True))
-        return replace(self, **fields, bits=8 if self.bits == 6 else 4, is_lane_tiled=False)
+        return replace(self, **fields, bits=4 if self.bits == 4 else 8, is_lane_tiled=False)
 
     def tensors(self) -> list[torch.Tensor | None]:
         """Every row-indexed tensor, in field order (None where absent)."""

@@ -58,8 +58,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #if defined(LLM_SUITE_HAS_QGEMM_LANES)
   m.def("lane_tile_codes", &lane_tile_codes, nogil,
         "packed codes [N, K*bits/8] -> the tiled layout of qgemm_lanes.h (N a multiple of 16; "
-        "8-bit codes + code_offset as 6-bit tiles)",
-        py::arg("codes"), py::arg("bits"), py::arg("code_offset") = 0);
+        "8-bit codes + code_offset as tile_bits-bit tiles: 6, or 5 for codes of 0..31)",
+        py::arg("codes"), py::arg("bits"), py::arg("code_offset") = 0, py::arg("tile_bits") = 6);
   m.attr("has_lane_tiles") = true;
 #else
   m.attr("has_lane_tiles") = false;

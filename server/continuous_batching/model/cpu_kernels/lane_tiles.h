@@ -6,10 +6,13 @@
 // tensor):
 //   codes, 4-bit (Q4_K, GPTQ): [K/8][16 rows][4] bytes, byte j of row c: code k = 8p + j in
 //                 the low nibble, 8p + 4 + j in the high one (the tensor keeps its shape);
-//   codes, 6-bit (Q6_K as q + 32, Q5_K): per 16 k, 192 bytes: two 64-byte vectors of low
+//   codes, 6-bit (Q6_K as q + 32): per 16 k, 192 bytes: two 64-byte vectors of low
 //                 nibbles as above (k-quads 0 and 1, then 2 and 3), then one of high bits, byte
 //                 (4c + j) holding k-quad q's bits 4-5 at bits 2q, 2q + 1 (rows of K * 3 / 4
 //                 bytes where the plain layout stored a byte per code);
+//   codes, 5-bit (Q5_K: codes 0..31, groups of 32): per 32 k, 320 bytes: four vectors of low
+//                 nibbles as the 4-bit tiles (k-quads 2p and 2p + 1 in vector p), then one of
+//                 bit 4, byte (4c + j) holding k-quad q's at bit q (rows of K * 5 / 8 bytes);
 //   group scales and offsets [K/G][16], super-block scales and offsets [K/L][16] (float32,
 //   or fp16 where exact: a K-quant's d and dmin are fp16 in the file).
 #pragma once
@@ -35,31 +38,44 @@ constexpr int64_t kLanePrefetchBytes = 4096;
 // were no faster than one tile.
 constexpr int64_t kLaneChunkBytes = 256 * 1024;
 
-// The tiled layouts: with_super_layout's, 8-bit codes tiled as 6 bits (B = 6).
+// The tiled layouts: with_super_layout's, 8-bit codes tiled as 6 bits (B = 6) or, in groups
+// of 32, as 5 (B = 5: a unit of 32 k).
 template <typename Fn>
 inline bool with_lane_layout(const QuantWeight& w, Fn&& fn) {
-  if (w.bits != 4 && w.bits != 6) return false;
+  if (w.bits != 4 && w.bits != 5 && w.bits != 6) return false;
   QuantWeight plain = w;
-  plain.bits = w.bits == 6 ? 8 : 4;
-  return with_super_layout(plain, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
-    if constexpr (decltype(b)::value == 8)
-      fn(Const<6>{}, g, s, is_signed, is_offset);
-    else
+  plain.bits = w.bits == 4 ? 4 : 8;
+  bool is_called = false;
+  with_super_layout(plain, [&](auto b, auto g, auto s, auto is_signed, auto is_offset) {
+    if constexpr (decltype(b)::value != 8) {
       fn(b, g, s, is_signed, is_offset);
+      is_called = true;
+    } else if (w.bits == 6) {
+      fn(Const<6>{}, g, s, is_signed, is_offset);
+      is_called = true;
+    } else if constexpr (decltype(g)::value % 32 == 0) {
+      fn(Const<5>{}, g, s, is_signed, is_offset);
+      is_called = true;
+    }
   });
+  return is_called;
 }
 
 // The codes [N, K * bits / 8] of the packed layout (qgemm.h: 4-bit, byte j of a group of 32
 // holds elements j and j + 16; 8-bit, int8) in the tiled layout above, uint8; 8-bit codes
-// become 6-bit tiles of code + code_offset, which must lie in 0..63. N a multiple of 16.
-at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits, int64_t code_offset) {
+// become tiles of code + code_offset of tile_bits bits (6: in 0..63, 5: in 0..31). N a multiple
+// of 16.
+at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits, int64_t code_offset,
+                           int64_t tile_bits) {
   TORCH_CHECK(bits == 4 || bits == 8, "codes of 4 or 8 bits");
+  TORCH_CHECK(bits == 4 || tile_bits == 5 || tile_bits == 6, "8-bit codes tile as 5 or 6 bits");
   const bool is_bytes = codes.scalar_type() == at::kByte || codes.scalar_type() == at::kChar;
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous() && is_bytes && codes.size(0) % kLaneRows == 0,
               "codes (u)int8 [N, K*bits/8], contiguous, N a multiple of 16");
   const int64_t n = codes.size(0), row_bytes = codes.size(1), k = row_bytes * 8 / bits;
   TORCH_CHECK(k % 32 == 0, "K a multiple of 32");
-  const int64_t out_row_bytes = bits == 4 ? row_bytes : k * 3 / 4;
+  const int64_t out_row_bytes = bits == 4 ? row_bytes : k * tile_bits / 8;
+  const int max_code = bits == 4 ? 15 : (1 << tile_bits) - 1;
   at::Tensor out = at::empty({n, out_row_bytes}, codes.options().dtype(at::kByte));
   const auto* src = static_cast<const uint8_t*>(codes.data_ptr());
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -79,13 +95,34 @@ at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits, int64_t code_o
           std::memcpy(tile + offset + c * 4, &word, sizeof(word));
         };
         constexpr uint32_t kLow = 0x0F0F0F0Fu, kHigh = 0xF0F0F0F0u;
+        const auto code_at = [&](int64_t i) {
+          const int v = static_cast<int8_t>(row[i]) + code_offset;
+          if (v < 0 || v > max_code) is_in_range = false;
+          return v;
+        };
+        if (bits == 8 && tile_bits == 5) {  // per 32 k: four vectors of nibbles, one of bit 4
+          for (int64_t blk = 0; blk < k / 32; ++blk) {
+            uint32_t high = 0;
+            for (int p = 0; p < 4; ++p) {
+              uint32_t nibbles = 0;
+              for (int j = 0; j < 4; ++j) {
+                const int low = code_at(blk * 32 + 8 * p + j), up = code_at(blk * 32 + 8 * p + 4 + j);
+                nibbles |= static_cast<uint32_t>((low & 0x0F) | (up & 0x0F) << 4) << (8 * j);
+                high |= static_cast<uint32_t>(((low >> 4) & 1) << (2 * p) | ((up >> 4) & 1) << (2 * p + 1))
+                        << (8 * j);
+              }
+              put(blk * 320 + p * 64, nibbles);
+            }
+            put(blk * 320 + 256, high);
+          }
+          continue;
+        }
         if (bits == 8) {  // per 16 k: two vectors of nibbles, one of high bits
           for (int64_t blk = 0; blk < k / 16; ++blk) {
             uint32_t nibbles[2] = {0, 0}, high = 0;
             for (int q = 0; q < 4; ++q)
               for (int j = 0; j < 4; ++j) {
-                const int v = static_cast<int8_t>(row[blk * 16 + 4 * q + j]) + code_offset;
-                if (v < 0 || v > 63) is_in_range = false;
+                const int v = code_at(blk * 16 + 4 * q + j);
                 nibbles[q / 2] |= static_cast<uint32_t>(v & 0x0F) << (8 * j + 4 * (q % 2));
                 high |= static_cast<uint32_t>((v >> 4) & 3) << (8 * j + 2 * q);
               }
@@ -108,7 +145,8 @@ at::Tensor lane_tile_codes(const at::Tensor& codes, int64_t bits, int64_t code_o
       }
     }
   });
-  TORCH_CHECK(is_in_range.load(), "8-bit codes plus code_offset must lie in 0..63 for 6-bit tiles");
+  TORCH_CHECK(is_in_range.load(), "8-bit codes plus code_offset must lie in 0..",
+              max_code, " for ", tile_bits, "-bit tiles");
   return out;
 }
 #endif

@@ -311,7 +311,7 @@ QuantWeight quant_weight_of(const at::Tensor& codes, int64_t bits, int64_t group
                             const c10::optional<at::Tensor>& group_offset,
                             const c10::optional<at::Tensor>& super_scale,
                             const c10::optional<at::Tensor>& super_offset) {
-  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, "codes of 4, 6 (tiled) or 8 bits");
+  TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "codes of 4, 5 or 6 (tiled) or 8 bits");
   TORCH_CHECK(group == 16 || group == 32, "groups of 16 or 32");
   TORCH_CHECK(codes.dim() == 2 && codes.is_contiguous(), "codes [N, K*bits/8] contiguous");
   TORCH_CHECK(group_scale.dim() == 2 && group_scale.is_contiguous(), "group_scale [N, K/G]");

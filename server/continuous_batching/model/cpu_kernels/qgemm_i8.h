@@ -251,7 +251,7 @@ at::Tensor quant_linear_any(const at::Tensor& x, const at::Tensor& codes, int64_
                             bool is_int8_activations, bool is_tiled) {
   const QuantWeight w =
       quant_weight_of(codes, bits, group, group_scale, group_offset, super_scale, super_offset);
-  TORCH_CHECK(is_tiled || bits != 6, "6-bit codes come only in the tiled layout");
+  TORCH_CHECK(is_tiled || (bits != 5 && bits != 6), "5- and 6-bit codes come only in the tiled layout");
   TORCH_CHECK(is_tiled || !w.super_scale_half, "fp16 super scales come only in the tiled layout");
   if (is_tiled) {
 #if defined(LLM_SUITE_HAS_QGEMM_LANES)

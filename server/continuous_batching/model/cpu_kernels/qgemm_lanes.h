@@ -68,16 +68,46 @@ inline void six_bit_quads(const uint8_t* p, __m512i v[4]) {
   v[3] = join(_mm512_srli_epi16(n1, 4), _mm512_srli_epi16(h, 2));
 }
 
+// h's bits at bit Q of each byte moved to bit 4 (16-bit shifts: no byte takes its
+// neighbour's bits, Q <= 7).
+template <int Q>
+inline __m512i bit_q_at_4(__m512i h) {
+  if constexpr (Q < 4) return _mm512_slli_epi16(h, 4 - Q);
+  else if constexpr (Q > 4) return _mm512_srli_epi16(h, Q - 4);
+  else return h;
+}
+
+// The 16 rows' next 4 codes of each of eight k-quads from a 5-bit block (320 bytes).
+inline void five_bit_quads(const uint8_t* p, __m512i v[8]) {
+  const __m512i low = _mm512_set1_epi8(0x0F), bit4 = _mm512_set1_epi8(0x10);
+  const __m512i h = _mm512_loadu_si512(p + 256);
+  const auto join = [&](__m512i a, __m512i b) {  // (a & low) | (b & bit4)
+    return _mm512_ternarylogic_epi32(_mm512_and_si512(a, low), b, bit4, 0xF8);
+  };
+  const __m512i n0 = _mm512_loadu_si512(p), n1 = _mm512_loadu_si512(p + 64);
+  const __m512i n2 = _mm512_loadu_si512(p + 128), n3 = _mm512_loadu_si512(p + 192);
+  v[0] = join(n0, bit_q_at_4<0>(h));
+  v[1] = join(_mm512_srli_epi16(n0, 4), bit_q_at_4<1>(h));
+  v[2] = join(n1, bit_q_at_4<2>(h));
+  v[3] = join(_mm512_srli_epi16(n1, 4), bit_q_at_4<3>(h));
+  v[4] = join(n2, bit_q_at_4<4>(h));
+  v[5] = join(_mm512_srli_epi16(n2, 4), bit_q_at_4<5>(h));
+  v[6] = join(n3, bit_q_at_4<6>(h));
+  v[7] = join(_mm512_srli_epi16(n3, 4), bit_q_at_4<7>(h));
+}
+
 // R rows of x (from r0) against tile t's 16 weight rows: total[r] lane c = x row r0 + r . row
-// 16 t + c. A group's codes are G / 8 loads (4-bit) or G / 16 blocks of three (6-bit); with few
-// rows the k-quads alternate between two sets of accumulators (a chain of dependent vpdpbusd
-// otherwise).
+// 16 t + c. A group's codes are G / 8 loads (4-bit), G / 16 blocks of three (6-bit) or G / 32
+// blocks of five (5-bit); with few rows the k-quads alternate between two sets of accumulators
+// (a chain of dependent vpdpbusd otherwise).
 template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
 void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
                  __m512 total[R]) {
-  static_assert(B == 4 || B == 6, "4- or 6-bit tiles");
+  static_assert(B == 4 || B == 5 || B == 6, "4-, 5- or 6-bit tiles");
   constexpr int kGroupBytes = G * kLaneRows * B / 8;
-  constexpr int kQuads = B == 4 ? 2 : 4, kUnitBytes = B == 4 ? 64 : 192;  // per unit
+  // Per unit: k-quads and bytes.
+  constexpr int kQuads = B == 4 ? 2 : B == 5 ? 8 : 4, kUnitBytes = B == 4 ? 64 : B == 5 ? 320 : 192;
+  static_assert(kGroupBytes % kUnitBytes == 0, "whole units per group");
   constexpr int A = R <= 2 ? 2 : 1;  // accumulator sets
   const int64_t k = w.k, ng = w.num_groups, ns = w.num_super;
   const uint8_t* codes = w.codes + t * kLaneRows * w.row_bytes;
@@ -104,11 +134,13 @@ void lanes_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t 
         const uint8_t* unit = group_codes + u * kUnitBytes;
         for (int line = 0; line < kUnitBytes; line += 64)
           __builtin_prefetch(unit + line + kLanePrefetchBytes, 0, 3);
-        __m512i v[4];
+        __m512i v[8];
         if constexpr (B == 4) {
           const __m512i raw = _mm512_loadu_si512(unit);
           v[0] = _mm512_and_si512(raw, mask);
           v[1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+        } else if constexpr (B == 5) {
+          five_bit_quads(unit, v);
         } else {
           six_bit_quads(unit, v);
         }

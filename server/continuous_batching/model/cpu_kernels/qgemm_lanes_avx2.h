@@ -2,7 +2,7 @@
 // vector of a tile as two halves of 8 weight rows, one row a 32-bit lane, times 4 codes of a
 // row of x broadcast to every lane. AVX2 has no vpdpbusd: vpmaddubsw multiplies the unsigned
 // codes by x into int16 pairs, added up in int16 as far as they cannot overflow (8 k-quads of
-// 4-bit codes: 8 * 2 * 15 * 127 = 30480; 2 of 6-bit: 2 * 2 * 63 * 127 = 32004), and one
+// 4-bit codes: 8 * 2 * 15 * 127 = 30480; 2 of 6-bit: 2 * 2 * 63 * 127 = 32004, 5-bit likewise), and one
 // vpmaddwd by the group's scale, twice in each lane, turns them into the scaled int32 group sum.
 // The per-column dot products of qgemm_super.h pay a horizontal sum and a float tail per weight
 // row and super-block; here 8 rows share them.
@@ -65,14 +65,34 @@ inline void six_bit_quads256(const uint8_t* p, __m256i v[4]) {
   v[3] = join(_mm256_srli_epi16(n1, 4), _mm256_srli_epi16(h, 2));
 }
 
+// The half's next codes of k-quads 0-7 from a 5-bit block (five 64-byte vectors at p): bit q
+// of the last vector's bytes is bit 4 of k-quad q (16-bit shifts: no byte takes its
+// neighbour's bits).
+inline void five_bit_quads256(const uint8_t* p, __m256i v[8]) {
+  const __m256i low = _mm256_set1_epi8(0x0F), bit4 = _mm256_set1_epi8(0x10);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 256));
+  const __m256i highs[8] = {_mm256_slli_epi16(h, 4), _mm256_slli_epi16(h, 3),
+                            _mm256_slli_epi16(h, 2), _mm256_slli_epi16(h, 1),
+                            h,                       _mm256_srli_epi16(h, 1),
+                            _mm256_srli_epi16(h, 2), _mm256_srli_epi16(h, 3)};
+  for (int i = 0; i < 4; ++i) {
+    const __m256i n = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 64 * i));
+    v[2 * i] = _mm256_or_si256(_mm256_and_si256(n, low), _mm256_and_si256(highs[2 * i], bit4));
+    v[2 * i + 1] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n, 4), low),
+                                   _mm256_and_si256(highs[2 * i + 1], bit4));
+  }
+}
+
 // Super-block b of R rows of x (from r0) against half ``half`` (rows 8 half ..) of tile t,
 // added to out: out[r] lane c += x row r0 + r . weight row 16 t + 8 half + c (that part).
 template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
 inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
                              int64_t b, int half, __m256 out[R]) {
-  static_assert(B == 4 || B == 6, "4- or 6-bit tiles");
+  static_assert(B == 4 || B == 5 || B == 6, "4-, 5- or 6-bit tiles");
   constexpr int kGroupBytes = G * kLaneRows * B / 8;
-  constexpr int kQuads = B == 4 ? 2 : 4, kUnitBytes = B == 4 ? 64 : 192;  // per unit
+  // Per unit: k-quads and bytes.
+  constexpr int kQuads = B == 4 ? 2 : B == 5 ? 8 : 4, kUnitBytes = B == 4 ? 64 : B == 5 ? 320 : 192;
+  static_assert(kGroupBytes % kUnitBytes == 0, "whole units per group");
   const int64_t k = w.k, ng = w.num_groups, ns = w.num_super;
   const uint8_t* codes = w.codes + t * kLaneRows * w.row_bytes;
   const uint8_t* scales = static_cast<const uint8_t*>(w.group_scale) + t * kLaneRows * ng;
@@ -98,12 +118,14 @@ inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t 
         const uint8_t* unit = group_codes + u * kUnitBytes;
         for (int line = 0; line < kUnitBytes; line += 64)
           __builtin_prefetch(unit + line + kLanePrefetchBytes, 0, 3);
-        __m256i v[4];
+        __m256i v[8];
         if constexpr (B == 4) {
           const __m256i raw =
               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + half * 32));
           v[0] = _mm256_and_si256(raw, mask);
           v[1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+        } else if constexpr (B == 5) {
+          five_bit_quads256(unit + half * 32, v);
         } else {
           six_bit_quads256(unit + half * 32, v);
         }
@@ -113,7 +135,7 @@ inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t 
             const __m256i two = _mm256_add_epi16(
                 _mm256_maddubs_epi16(v[q], broadcast_quad256(xu + r * k + 4 * q)),
                 _mm256_maddubs_epi16(v[q + 1], broadcast_quad256(xu + r * k + 4 * q + 4)));
-            if constexpr (B == 6)
+            if constexpr (B != 4)
               block[r] = _mm256_add_epi32(block[r], _mm256_madd_epi16(two, sc_pairs));
             else if constexpr (decltype(is_first)::value)
               part[r] = two;
