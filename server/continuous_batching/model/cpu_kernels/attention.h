@@ -197,9 +197,16 @@ void decode_sequence(const DecodeItem<T>& it, DecodeScratch& scratch) {
         if constexpr (!Dot::kScaledQuery) s = _mm_mul_ps(s, _mm_set1_ps(it.scale));
         _mm_storeu_ps(row + h, s);
       }
-      // Soft-capping (Gemma 2): scalar tanh beside the dots.
-      if (it.softcap > 0.0f)
-        for (int64_t h = 0; h < nh; ++h) row[h] = it.softcap * std::tanh(row[h] / it.softcap);
+    }
+    // Soft-capping (Gemma 2), the chunk's scores in vectors (padding lanes hold finite values):
+    // with libm's scalar tanh per score, decode attention at 1000 positions took 1.56x as long.
+    if (it.softcap > 0.0f) {
+      const F cap = S::set1(it.softcap), inv_cap = S::set1(1.0f / it.softcap);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < ldh; j += W) {
+          float* p = scores + i * ldh + j;
+          S::store(p, S::mul(cap, tanh_v<S>(S::mul(S::load(p), inv_cap))));
+        }
     }
     // Online softmax across heads: exponentials against the new running max, what was summed
     // so far rescaled to it (the correction, ~0 on the first chunk).

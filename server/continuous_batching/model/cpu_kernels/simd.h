@@ -193,6 +193,16 @@ inline typename S::F sigmoid_v(typename S::F z) {
   return S::div(S::select_nonneg(z, S::set1(1.0f), e), S::add(S::set1(1.0f), e));
 }
 
+// tanh(y) of every lane from exp(-2|y|) only: (1 - e) / (1 + e), y's sign restored (absolute
+// error about 1e-7, where libm's scalar tanh cost a call per element).
+template <class S>
+inline typename S::F tanh_v(typename S::F y) {
+  const auto e = exp_nonpositive_v<S>(S::neg_abs(S::add(y, y)));
+  const auto one = S::set1(1.0f);
+  const auto t = S::div(S::sub(one, e), S::add(one, e));
+  return S::select_nonneg(y, t, S::sub(S::zero(), t));
+}
+
 // The element types the vector loops load (Simd::load) and store (store_lanes); others take
 // the scalar loops.
 template <typename T>
