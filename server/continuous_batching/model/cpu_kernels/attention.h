@@ -305,8 +305,7 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
       return;
     }
 #if defined(LLM_SUITE_HAS_SIMD)
-    constexpr bool kFast = std::is_same_v<T, float> || std::is_same_v<T, c10::BFloat16>;
-    if constexpr (kFast) {
+    if constexpr (kIsSimdIo<T>) {
       const DecodeItem<T> it{qs,    q_s1,  kp, vp,                     // q, the caches
                              kc_s0, vc_s0, kc_s1, vc_s1,              // their strides
                              g0,    g1,    rep,   table, block_size,  // heads, blocks
