@@ -289,8 +289,23 @@ def test_refine_logits(kernels, dtype, vocab) -> None:
         (32, 33, 200, False),
         (9, 576, 49, True),
         (3, 577, 1000, True),
+        # 8 rows in one 8 x 3 tile per half group, odd K
+        (8, 257, 208, True),
+        # 10 row tiles: the next panel prefetched under this one, the last group narrow
+        (40, 1030, 200, False),
+        # a K past any L2's chunk (cut in K chunks, float32 sums between), odd, 4 row tiles
+        (13, 9001, 325, True),
     ],
-    ids=["decode1", "tail_rows_bias", "odd_k", "narrow_n", "single_rows_odd_k"],
+    ids=[
+        "decode1",
+        "tail_rows_bias",
+        "odd_k",
+        "narrow_n",
+        "single_rows_odd_k",
+        "eight_rows",
+        "prefetched_tiles",
+        "k_chunks",
+    ],
 )
 def test_bf16_linear(kernels, rows, k, n, with_bias) -> None:
     # The extension's bf16 matmul (register tiles of rows x column blocks, tails in rows, K
