@@ -1,7 +1,10 @@
 """This CPU's ceilings, and how close each served run came to them.
 
-    python -m benchmarks.cpu_peak [--threads 2] [--model ~/.cache/llm_suite/real_size/1b/hf]
+    python -m benchmarks.cpu_peak [--threads 2] [--model CACHE/real_size/1b/hf]
         [--compare benchmarks/results/real_size_serving_bf16_vs_vllm_cpu.json]
+
+(CACHE: ``$LLM_SUITE_CACHE_DIR``, else ``~/.cache/llm_suite``: the checkpoint
+``real_size_serving`` writes.)
 
 A small C++ program (g++ -O2 -march=native, built in a temporary folder) measures:
 
@@ -30,9 +33,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks import run_environment
+from benchmarks.real_size_serving import WORKLOADS
+from server.continuous_batching.load_cache import cache_root
 
-DEFAULT_MODEL = Path.home() / ".cache" / "llm_suite" / "real_size" / "1b" / "hf"
-WORKLOADS = {"chat": (100, 64), "long": (100, 512)}  # as benchmarks.real_size_serving
+DEFAULT_MODEL = cache_root() / "real_size" / "1b" / "hf"  # real_size_serving's 1B checkpoint
 
 PROGRAM = r"""
 #include <immintrin.h>

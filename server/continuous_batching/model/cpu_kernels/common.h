@@ -17,6 +17,10 @@ namespace {
 
 constexpr int kLanes = 16;  // one AVX-512 register of floats; two AVX2 registers elsewhere
 
+// A compile-time int passed as a value: how a runtime choice picks a template instance.
+template <int V>
+using Const = std::integral_constant<int, V>;
+
 // Positions per online-softmax chunk of decode attention: its scores of every head stay in L1,
 // and the softmax bookkeeping (max, rescale) is paid once per chunk, not per position or block.
 constexpr int64_t kChunk = 64;

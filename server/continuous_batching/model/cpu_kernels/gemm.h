@@ -165,11 +165,11 @@ inline void gemm_narrow_group(const uint16_t* a, int64_t lda, const __m512bh* b,
           c + r * n, n, std::min<int64_t>(MR, m - r), PanelPrefetch{});
     };
     switch (num_blocks) {
-      case 1: tile(std::integral_constant<int, 1>{}); break;
-      case 2: tile(std::integral_constant<int, 2>{}); break;
-      case 3: tile(std::integral_constant<int, 3>{}); break;
-      case 4: tile(std::integral_constant<int, 4>{}); break;
-      default: tile(std::integral_constant<int, 5>{}); break;
+      case 1: tile(Const<1>{}); break;
+      case 2: tile(Const<2>{}); break;
+      case 3: tile(Const<3>{}); break;
+      case 4: tile(Const<4>{}); break;
+      default: tile(Const<5>{}); break;
     }
   }
 }
@@ -206,16 +206,12 @@ void run_gemm(const at::Tensor& x, const at::Tensor& packed, const GemmCall& g) 
       }
       if (num_tiles == 2) {  // 5-8 rows: 8 x 3 tiles read the group's weights once, not twice
         for (int h = 0; h < 2; ++h) {
-          const __m512bh* bh = bj + h * (NV / 2) * kp;
-          const int64_t col_h = col + h * (NV / 2) * kColBlock;
-          if (m == 2 * MR)
-            gemm_tile<2 * MR, NV / 2, true, false>(a, lda, bh, kp, 0, num_pairs, k % 2, k,
-                                                   nullptr, nullptr, g.bias, n, col_h, g.c, n, m,
-                                                   PanelPrefetch{});
-          else
-            gemm_tile<2 * MR, NV / 2, false, false>(a, lda, bh, kp, 0, num_pairs, k % 2, k,
-                                                    nullptr, nullptr, g.bias, n, col_h, g.c, n,
-                                                    m, PanelPrefetch{});
+          auto tile = [&](auto full) {
+            gemm_tile<2 * MR, NV / 2, decltype(full)::value, false>(
+                a, lda, bj + h * (NV / 2) * kp, kp, 0, num_pairs, k % 2, k, nullptr, nullptr,
+                g.bias, n, col + h * (NV / 2) * kColBlock, g.c, n, m, PanelPrefetch{});
+          };
+          m == 2 * MR ? tile(std::true_type{}) : tile(std::false_type{});
         }
         continue;
       }

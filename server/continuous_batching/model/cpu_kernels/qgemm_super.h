@@ -359,9 +359,6 @@ void super_tile(const QuantWeight& w, const SuperRows& xq, int64_t r, int64_t co
   }
 }
 
-template <int V>
-using Const = std::integral_constant<int, V>;
-
 template <typename Fn>
 inline bool with_super_layout(const QuantWeight& w, Fn&& fn) {
   const bool has_super = w.super_scale || w.super_scale_half;
