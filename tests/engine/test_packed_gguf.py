@@ -65,6 +65,28 @@ def test_repack_is_exact(qtype) -> None:
     assert weight.num_bytes <= 1.6 * raw.nbytes  # near the source (8-bit Q5_K codes: 1.6x)
 
 
+@pytest.mark.parametrize("qtype", TYPES, ids=IDS)
+def test_dequantize_rows_kernel_equals_the_reference(kernels, qtype) -> None:
+    """An embedding lookup's rows (``PackedWeight.dequantize_rows``): the kernel's one pass
+    equals ``select_rows().dequantize()`` bit for bit, plain and, where the build tiles the
+    layout, tiled (4-, 5- and 6-bit tiles); bad rows are refused."""
+    raw = random_blocks(qtype, 48, _k_for(qtype, 2), np.random.default_rng(int(qtype) + 7))
+    weight = repack(raw, qtype)
+    index = torch.tensor([47, 0, 16, 15, 3, 47, 31])  # across tiles of 16, repeated
+    expected = torch.from_numpy(dequantize(raw, qtype))[index]
+    layouts = [weight]
+    if getattr(kernels, "has_lane_tiles", False) and weight.can_lane_tile:
+        layouts.append(weight.lane_tiled(kernels))
+        assert layouts[-1].is_lane_tiled
+    for layout in layouts:
+        got = layout.dequantize_rows(index, kernels)
+        assert got.dtype == torch.float32 and torch.equal(got, expected), layout.bits
+        assert torch.equal(layout.dequantize_rows(index, None), expected)  # the torch path
+        assert layout.dequantize_rows(index[:0], kernels).shape == (0, weight.in_features)
+        with pytest.raises(RuntimeError, match="out of range"):
+            layout.dequantize_rows(torch.tensor([48]), kernels)
+
+
 def test_other_types_are_refused() -> None:
     assert T.Q2_K not in PACKABLE_TYPES
     with pytest.raises(ValueError, match="no packed layout"):

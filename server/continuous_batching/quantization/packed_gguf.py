@@ -168,6 +168,18 @@ class PackedWeight:
         picked = [None if t is None else t.index_select(0, index) for t in self.tensors()]
         return replace(self, **dict(zip(ROW_FIELDS, picked, strict=True)))
 
+    def dequantize_rows(self, index: torch.Tensor, kernels: ModuleType | None) -> torch.Tensor:
+        """float32 [len(index), in_features]: the rows ``index`` dequantised (an embedding
+        lookup), in one pass of ``kernels.dequantize_rows`` where the extension has it, else
+        ``select_rows(index).dequantize()``: the same values."""
+        if kernels is None or not hasattr(kernels, "dequantize_rows"):
+            return self.select_rows(index).dequantize()
+        return kernels.dequantize_rows(
+            self.codes, self.bits, self.group, self.group_scale, self.group_offset,
+            self.super_scale, self.super_offset, index.to(torch.int64), self.is_lane_tiled,
+            self._code_offset,
+        )  # fmt: skip
+
     def dequantize(self) -> torch.Tensor:
         """float32 [num_rows, in_features]: the plain reference the kernels are tested with."""
         if self.is_lane_tiled:

@@ -13,6 +13,7 @@
 //   qgemm_panels.h the int8 mode's prefill on AVX512-BF16 (Q8_0, Q4_0, Q4_1): weights as bf16
 //   qgemm_vnni.h   super-block layouts' batches and prefills as one AVX512-VNNI integer GEMM
 //   lane_tiles.h   the super-block layouts tiled at load: 16 weight rows interleaved
+//   dequantize_rows.h  some rows of a quantised weight (plain or tiled) to float32
 //   qgemm_lanes.h  their matmul with the weight rows in the lanes (AVX512-VNNI)
 //   qgemm_lanes_avx2.h  the same on AVX2, 8 rows a register
 //
@@ -21,6 +22,7 @@
 #include <torch/extension.h>
 
 #include "attention.h"
+#include "dequantize_rows.h"
 #include "elementwise.h"
 #include "gemm.h"
 #include "qgemm.h"
@@ -55,6 +57,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("super_scale") = py::none(), py::arg("super_offset") = py::none(),
         py::arg("bias") = py::none(), py::arg("is_scalar") = false,
         py::arg("is_int8_activations") = false, py::arg("is_tiled") = false);
+  m.def("dequantize_rows", &dequantize_rows, nogil,
+        "rows [R] (int64) of a quantised weight (plain, or tiled: lane_tiles.h) -> float32 "
+        "[R, K], the values of the torch reference (an embedding lookup)",
+        py::arg("codes"), py::arg("bits"), py::arg("group"), py::arg("group_scale"),
+        py::arg("group_offset"), py::arg("super_scale"), py::arg("super_offset"),
+        py::arg("rows"), py::arg("is_tiled"), py::arg("code_offset"));
 #if defined(LLM_SUITE_HAS_QGEMM_LANES)
   m.def("lane_tile_codes", &lane_tile_codes, nogil,
         "packed codes [N, K*bits/8] -> the tiled layout of qgemm_lanes.h (N a multiple of 16; "
