@@ -236,9 +236,7 @@ class LlamaForCausalLM(nn.Module):
         dequantised row by row from a packed one (``replace_embedding``), the same values."""
         if self.packed_embedding is None:
             return F.embedding(input_ids, self.embed_tokens)
-        rows = self.packed_embedding.dequantize_rows(
-            input_ids.reshape(-1), self.decoder_ops.module
-        )
+        rows = self.packed_embedding.dequantize_rows(input_ids.reshape(-1), self.decoder_ops.module)
         return rows.to(self.dtype).reshape(*input_ids.shape, -1)
 
     def replace_embedding(self, weight: PackedWeight) -> None:
