@@ -112,6 +112,45 @@ def test_paged_decode_attention(kernels, dtype, heads, kv_heads, dim) -> None:
     assert kernel_error < TOLERANCE[dtype]
 
 
+@pytest.mark.parametrize("num_threads", [1, 2])
+def test_decode_attention_alone_equals_in_a_batch(kernels, num_threads) -> None:
+    """A row decoded alone (its kv heads in groups per work item, as many as leave two items a
+    thread) gives the bits it gets in a batch of 8 (whole sequences per item)."""
+    heads, kv_heads, dim = 32, 8, 64
+    gen = torch.Generator().manual_seed(7)
+    context_lens = [1, 17, 257, 40, 3, 16, 100, 64]
+    tables, num_blocks = _random_tables(context_lens, gen)
+    shape = (num_blocks * BLOCK_SIZE, kv_heads, dim)
+    k_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    v_cache = torch.randn(shape, generator=gen).to(torch.bfloat16)
+    q = torch.randn(len(context_lens), heads, dim, generator=gen).to(torch.bfloat16)
+
+    def decode(rows: list[int]) -> torch.Tensor:
+        lens = [context_lens[r] for r in rows]
+        meta = build_attention_metadata(
+            [1] * len(rows), lens, [tables[r] for r in rows], BLOCK_SIZE, CPU,
+            with_decode_tables=True,
+        )  # fmt: skip
+        return kernels.paged_decode_attention(
+            q[rows], k_cache, v_cache, meta.decode.block_tables, meta.decode.context_lens,
+            BLOCK_SIZE, dim**-0.5,
+        )  # fmt: skip
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    try:
+        batch = decode(list(range(len(context_lens))))
+        for row in (2, 0, 6):
+            assert torch.equal(decode([row])[0], batch[row]), row
+        assert torch.equal(decode([2, 6]), batch[[2, 6]])
+    finally:
+        torch.set_num_threads(before)
+    exact = _exact_attention(q, k_cache, v_cache, tables, context_lens)
+    assert (batch.reshape(len(context_lens), -1).double() - exact).abs().max() < TOLERANCE[
+        torch.bfloat16
+    ]
+
+
 def test_attention_through_paged_attention_backend(kernels) -> None:
     # The "cpu" backend of PagedAttention routes decode-only steps to the kernel.
     gen = torch.Generator().manual_seed(1)

@@ -276,11 +276,20 @@ void paged_decode_attention_impl(const at::Tensor& q, const at::Tensor& k_cache,
   const float fscale = static_cast<float>(scale);
   const float fsoftcap = static_cast<float>(softcap);
 
-  // Work items: whole sequences (each block's rows read as one contiguous stretch) when there
-  // are enough of them to keep every thread busy, else (sequence, kv head) pairs. Longest
-  // first, handed out one at a time, so that one long context does not land last on a thread.
+  // Work items: a sequence's kv heads in groups as large as leave two items a thread (whole
+  // sequences, each block's rows read as one contiguous stretch, when there are that many
+  // sequences), else one kv head each. Longest first, handed out one at a time, so that one
+  // long context does not land last on a thread. A larger group fills more of the softmax's
+  // vector lanes (a lane a query head) and reads longer stretches of each K/V row: one row of
+  // the 1B shape (8 kv heads, 4 query heads each), 2 threads, the Zen 4 here, 16 layers: 21.4
+  // -> 18.2 us a layer at 200 positions, 144 -> 118 at 1,000, 767 -> 726 at 4,000.
   const int64_t num_threads = at::get_num_threads();
-  const int64_t heads_per_item = num_seqs >= 2 * num_threads ? num_kv_heads : 1;
+  int64_t heads_per_item = 1;
+  for (int64_t d = num_kv_heads; d > 1; --d)
+    if (num_kv_heads % d == 0 && num_seqs * (num_kv_heads / d) >= 2 * num_threads) {
+      heads_per_item = d;
+      break;
+    }
   const int64_t items_per_seq = num_kv_heads / heads_per_item;
   const int64_t num_items = num_seqs * items_per_seq;
   std::vector<int64_t> order(num_items);
