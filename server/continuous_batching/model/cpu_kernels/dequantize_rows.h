@@ -11,15 +11,11 @@
 
 namespace {
 
-// Element i of a per-row scale or offset tensor, as float32.
+// Element i of a per-row scale or offset tensor, as float32 (qgemm.h's small_to_float).
 inline float scale_value(const void* base, at::ScalarType type, int64_t i) {
-  switch (type) {
-    case at::kByte: return static_cast<float>(static_cast<const uint8_t*>(base)[i]);
-    case at::kChar: return static_cast<float>(static_cast<const int8_t*>(base)[i]);
-    case at::kHalf: return static_cast<float>(static_cast<const c10::Half*>(base)[i]);
-    case at::kBFloat16: return static_cast<float>(static_cast<const c10::BFloat16*>(base)[i]);
-    default: return static_cast<const float*>(base)[i];
-  }
+  float value;
+  small_to_float(base, type, i, &value, 1);
+  return value;
 }
 
 // Where element (row, col) of a per-row [N, C] tensor is: tiles of 16 rows store it [C][16].
