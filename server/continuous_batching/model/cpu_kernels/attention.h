@@ -178,25 +178,23 @@ void decode_sequence(const DecodeItem<T>& it, DecodeScratch& scratch) {
   const int64_t k_bytes = (it.g1 - it.g0) * it.k_head * static_cast<int64_t>(sizeof(T));
   const int64_t v_bytes = (it.g1 - it.g0) * it.v_head * static_cast<int64_t>(sizeof(T));
   const T* k_rows[kChunk + kFarRows];
-  const T* v_far[kChunk + kFarRows];
-  const T* v_rows[kChunk];
+  const T* v_rows[kChunk + kFarRows];
   for (int64_t c0 = it.first; c0 < it.len; c0 += kChunk) {
     const int64_t n = std::min(kChunk, it.len - c0);
     const int64_t num_known = std::min(kChunk + kFarRows, it.len - c0);
     paged_rows(it.k_cache, it.k_row, it.table, it.block_size, c0, num_known, k_rows);
-    paged_rows(it.v_cache, it.v_row, it.table, it.block_size, c0, num_known, v_far);
-    paged_rows(it.v_cache, it.v_row, it.table, it.block_size, c0, n, v_rows);
+    paged_rows(it.v_cache, it.v_row, it.table, it.block_size, c0, num_known, v_rows);
     if (c0 == it.first)  // the first rows' K and V into L2 at once
       for (int64_t j = 0; j < std::min(kFarRows, num_known); ++j) {
         const char* kf = k_base + (k_rows[j] - it.k_cache) * sizeof(T);
-        const char* vf = v_base + (v_far[j] - it.v_cache) * sizeof(T);
+        const char* vf = v_base + (v_rows[j] - it.v_cache) * sizeof(T);
         for (int64_t o = 0; o < k_bytes; o += 64) _mm_prefetch(kf + o, _MM_HINT_T1);
         for (int64_t o = 0; o < v_bytes; o += 64) _mm_prefetch(vf + o, _MM_HINT_T1);
       }
     for (int64_t i = 0; i < n; ++i) {
       if (i + kFarRows < num_known) {  // far ahead into L2
         const char* kf = k_base + (k_rows[i + kFarRows] - it.k_cache) * sizeof(T);
-        const char* vf = v_base + (v_far[i + kFarRows] - it.v_cache) * sizeof(T);
+        const char* vf = v_base + (v_rows[i + kFarRows] - it.v_cache) * sizeof(T);
         for (int64_t o = 0; o < k_bytes; o += 64) _mm_prefetch(kf + o, _MM_HINT_T1);
         for (int64_t o = 0; o < v_bytes; o += 64) _mm_prefetch(vf + o, _MM_HINT_T1);
       }
