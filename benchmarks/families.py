@@ -24,7 +24,7 @@ after each of them:
 
 Run on a quiet machine:
 
-    python -m benchmarks.families [--families llama qwen3 ...] [--batches 1 8] [--shape tiny]
+    python -m benchmarks.families [--families llama qwen3 ...] [--batches 1 8] [--shape 3b|tiny]
         [--prompt-len 64] [--decode-steps 16] [--dtype bfloat16]
         [--out benchmarks/results/families_cpu.json]
 """
@@ -55,6 +55,15 @@ BODY: dict[str, Any] = {
     "num_key_value_heads": 8,
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
+}
+#: Llama-3.2-3B's body (``--shape 3b``), over BODY: about 3.0 B parameters with our 49k vocabulary.
+SHAPE_3B: dict[str, Any] = {
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
 }
 #: A CPU smoke run's sizes (``--shape tiny``), over BODY and each family's fields.
 TINY: dict[str, Any] = {
@@ -90,19 +99,33 @@ FAMILIES: dict[str, tuple[str, dict[str, Any]]] = {
 }
 
 
-def build_checkpoint(
-    family: str, folder: Path, dtype: torch.dtype, batches: list[int], shape: str = "1b"
-) -> dict[int, int]:
-    """Write the family's random checkpoint (~1B, or ``tiny``) to ``folder``; returns its
-    active parameters per batch size."""
-    import transformers
-
-    class_name, fields = FAMILIES[family]
-    fields = {**BODY, **fields}
-    if shape == "tiny":
+def body_fields(family: str, shape: str = "1b") -> dict[str, Any]:
+    """The transformers config fields of ``family`` at ``shape``: ``1b`` (BODY), ``3b``
+    (Llama-3.2-3B's body, dense families only: every family then has its attention shape) or
+    ``tiny``."""
+    fields = {**BODY, **FAMILIES[family][1]}
+    if shape == "3b":
+        if "num_experts_per_tok" in fields:
+            raise ValueError(f"the 3b shape is a dense body; {family} is a mixture of experts")
+        fields.update(SHAPE_3B)
+    elif shape == "tiny":
         fields.update({k: v for k, v in TINY.items() if k in fields or "moe" not in k})
         if "moe_intermediate_size" not in FAMILIES[family][1]:
             fields.pop("moe_intermediate_size", None)
+    elif shape != "1b":
+        raise ValueError(f"unknown shape {shape!r}: 1b, 3b or tiny")
+    return fields
+
+
+def build_checkpoint(
+    family: str, folder: Path, dtype: torch.dtype, batches: list[int], shape: str = "1b"
+) -> dict[int, int]:
+    """Write the family's random checkpoint (``body_fields``' shape) to ``folder``; returns its
+    active parameters per batch size."""
+    import transformers
+
+    class_name = FAMILIES[family][0]
+    fields = body_fields(family, shape)
     config = getattr(transformers, class_name)(**fields)
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
@@ -225,7 +248,12 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line (see the module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=["1b", "tiny"], default="1b", help="tiny: smoke run")
+    parser.add_argument(
+        "--shape",
+        choices=["1b", "3b", "tiny"],
+        default="1b",
+        help="1b: Llama-3.2-1B's body; 3b: Llama-3.2-3B's (dense families); tiny: smoke run",
+    )
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--prompt-len", type=int, default=64)

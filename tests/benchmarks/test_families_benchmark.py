@@ -59,3 +59,24 @@ def test_the_moe_bodies_are_about_as_active_as_llama(tmp_path: Path) -> None:
     assert counts["qwen3_moe"] == pytest.approx(counts["llama"], rel=0.001)
     # Phi-3 unties its head: the LM head counts, the input table (a lookup) does not.
     assert counts["phi3"] == pytest.approx(counts["llama"], rel=0.001)
+
+
+def test_the_3b_body_is_llama_3_2_3b_with_our_vocabulary() -> None:
+    """``--shape 3b``: Llama-3.2-3B's body (3072 wide, 28 layers, 24 / 8 heads of 128,
+    intermediate 8192, tied) with the 49k vocabulary: 2.97 B parameters (on meta tensors).
+    Mixtures of experts have no 3B body, and an unknown shape is refused by name."""
+    import torch
+    import transformers
+
+    for family in ("llama", "qwen3", "gemma3_hd256"):
+        fields = families.body_fields(family, "3b")
+        assert fields["num_attention_heads"] * fields["head_dim"] == 3072
+        assert (fields["num_hidden_layers"], fields["num_key_value_heads"]) == (28, 8)
+    config = transformers.LlamaConfig(**families.body_fields("llama", "3b"))
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert families.active_params(model, config) == pytest.approx(2.97e9, rel=0.002)
+    with pytest.raises(ValueError, match="mixture of experts"):
+        families.body_fields("mixtral", "3b")
+    with pytest.raises(ValueError, match="unknown shape '7b'"):
+        families.body_fields("llama", "7b")
