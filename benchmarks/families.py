@@ -56,7 +56,7 @@ BODY: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
 }
-#: Llama-3.2-3B's body (``--shape 3b``), over BODY: about 3.0 B parameters with our 49k vocabulary.
+#: Llama-3.2-3B's body (``--shape 3b``), over BODY: 2.97 B parameters with our 49k vocab.
 SHAPE_3B: dict[str, Any] = {
     "hidden_size": 3072,
     "intermediate_size": 8192,
