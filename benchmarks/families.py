@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from benchmarks import load_average, run_environment, wait_for_quiet_machine
-from benchmarks.gpu import DEFAULT_TOKENIZER, REPO_ROOT, EngineBench
+from benchmarks.gpu import DEFAULT_TOKENIZER, REPO_ROOT, SHAPES, EngineBench
 from benchmarks.gpu_transformers import VOCAB_SIZE, random_prompts
 
 #: Llama 1B's body (benchmarks.gpu's "1b" shape).
@@ -56,15 +56,9 @@ BODY: dict[str, Any] = {
     "max_position_embeddings": 4096,
     "tie_word_embeddings": True,
 }
-#: Llama-3.2-3B's body (``--shape 3b``), over BODY: 2.97 B parameters with our 49k vocab.
-SHAPE_3B: dict[str, Any] = {
-    "hidden_size": 3072,
-    "intermediate_size": 8192,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 24,
-    "num_key_value_heads": 8,
-    "head_dim": 128,
-}
+#: Llama-3.2-3B's body (``--shape 3b``; benchmarks.gpu's "3b" shape), over BODY, with its head
+#: size for every family: 2.97 B parameters with our 49k vocab.
+SHAPE_3B: dict[str, Any] = {**SHAPES["3b"], "head_dim": 128}
 #: A CPU smoke run's sizes (``--shape tiny``), over BODY and each family's fields.
 TINY: dict[str, Any] = {
     "hidden_size": 64,

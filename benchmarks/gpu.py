@@ -89,6 +89,13 @@ SHAPES: dict[str, dict[str, int]] = {
         "num_key_value_heads": 8,
         "intermediate_size": 8192,
     },
+    "3b": {  # Llama-3.2-3B's body
+        "hidden_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 24,
+        "num_key_value_heads": 8,
+        "intermediate_size": 8192,
+    },
     "8b": {  # Llama 3 8B's body: 16 GB of bf16 weights, fits one H100
         "hidden_size": 4096,
         "num_hidden_layers": 32,
