@@ -23,6 +23,11 @@ namespace {
 // products: 155-171 / 126-142).
 constexpr int kLaneBlockRows = 6;
 constexpr int kHalfRows = 8;  // weight rows a 256-bit register holds
+// Rows of x up to which a pass takes both halves of a tile at once (more would spill the
+// sums). Zen 4 forced to AVX2, 2 threads, in-cache GB/s of Q4_K, one pass per half -> both:
+// 1 row 60-65 -> 72-80, 2 rows 42-46 -> 50-56; batch-1 step, 1B Q4_K_M 26.0 -> 23.4-24.3 ms,
+// 3B 66-69 -> 61-62 ms; Q6_K gains 2-3% (its 6-bit unpacking dominates).
+constexpr int kBothHalvesRows = 2;
 
 inline __m256i broadcast_quad256(const int8_t* p) {
   int32_t v;
@@ -83,12 +88,15 @@ inline void five_bit_quads256(const uint8_t* p, __m256i v[8]) {
   }
 }
 
-// Super-block b of R rows of x (from r0) against half ``half`` (rows 8 half ..) of tile t,
-// added to out: out[r] lane c += x row r0 + r . weight row 16 t + 8 half + c (that part).
-template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
+// Super-block b of R rows of x (from r0) against H halves (rows 8 half0 ..) of tile t, added
+// to out: out[h][r] lane c += x row r0 + r . weight row 16 t + 8 (half0 + h) + c (that part).
+// Both halves in one pass (H = 2) share each broadcast of x and the loop's overhead: few rows
+// only, as their sums take twice the registers.
+template <int B, int G, int S, bool SIGNED, bool OFFSET, int R, int H>
 inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
-                             int64_t b, int half, __m256 out[R]) {
+                             int64_t b, int half0, __m256 out[H][R]) {
   static_assert(B == 4 || B == 5 || B == 6, "4-, 5- or 6-bit tiles");
+  static_assert(H == 1 || H == 2, "one half or both");
   constexpr int kGroupBytes = G * kLaneRows * B / 8;
   // Per unit: k-quads and bytes.
   constexpr int kQuads = B == 4 ? 2 : B == 5 ? 8 : 4, kUnitBytes = B == 4 ? 64 : B == 5 ? 320 : 192;
@@ -102,15 +110,19 @@ inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t 
   const int16_t* xsums = xq.sums.data() + r0 * ng;
   const __m256i mask = _mm256_set1_epi8(0x0F);
   {
-    __m256i block[R];
-    for (int r = 0; r < R; ++r) block[r] = _mm256_setzero_si256();
+    __m256i block[H][R];
+    for (int h = 0; h < H; ++h)
+      for (int r = 0; r < R; ++r) block[h][r] = _mm256_setzero_si256();
     for (int g = 0; g < S; ++g) {
       const int64_t gi = b * S + g;
       const uint8_t* group_codes = codes + gi * kGroupBytes;
       const int8_t* xg = x + gi * G;
-      const __m256i sc = half_lanes<SIGNED>(scales + gi * kLaneRows + half * kHalfRows);
-      const __m256i sc_pairs = int16_pairs(sc, sc);
-      __m256i part[R];  // int16 sums of 4-bit quads, a whole group (see the bounds above)
+      __m256i sc_pairs[H];
+      for (int h = 0; h < H; ++h) {
+        const __m256i sc = half_lanes<SIGNED>(scales + gi * kLaneRows + (half0 + h) * kHalfRows);
+        sc_pairs[h] = int16_pairs(sc, sc);
+      }
+      __m256i part[H][R];  // int16 sums of 4-bit quads, a whole group (see the bounds above)
       // One unit of the group; the first sets the int16 sums instead of adding to zeros (an
       // add per row and group less: Zen 5 forced to AVX2, 2 threads, Q4_K at 32 rows 261-265
       // -> 283-285 GMAC/s, at 6 rows 230-252 -> 249-272).
@@ -118,29 +130,34 @@ inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t 
         const uint8_t* unit = group_codes + u * kUnitBytes;
         for (int line = 0; line < kUnitBytes; line += 64)
           __builtin_prefetch(unit + line + kLanePrefetchBytes, 0, 3);
-        __m256i v[8];
-        if constexpr (B == 4) {
-          const __m256i raw =
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(unit + half * 32));
-          v[0] = _mm256_and_si256(raw, mask);
-          v[1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
-        } else if constexpr (B == 5) {
-          five_bit_quads256(unit + half * 32, v);
-        } else {
-          six_bit_quads256(unit + half * 32, v);
+        __m256i v[H][8];
+        for (int h = 0; h < H; ++h) {
+          const uint8_t* p = unit + (half0 + h) * 32;
+          if constexpr (B == 4) {
+            const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+            v[h][0] = _mm256_and_si256(raw, mask);
+            v[h][1] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), mask);
+          } else if constexpr (B == 5) {
+            five_bit_quads256(p, v[h]);
+          } else {
+            six_bit_quads256(p, v[h]);
+          }
         }
         const int8_t* xu = xg + u * kQuads * 4;
         for (int r = 0; r < R; ++r)
           for (int q = 0; q < kQuads; q += 2) {
-            const __m256i two = _mm256_add_epi16(
-                _mm256_maddubs_epi16(v[q], broadcast_quad256(xu + r * k + 4 * q)),
-                _mm256_maddubs_epi16(v[q + 1], broadcast_quad256(xu + r * k + 4 * q + 4)));
-            if constexpr (B != 4)
-              block[r] = _mm256_add_epi32(block[r], _mm256_madd_epi16(two, sc_pairs));
-            else if constexpr (decltype(is_first)::value)
-              part[r] = two;
-            else
-              part[r] = _mm256_add_epi16(part[r], two);
+            const __m256i x0 = broadcast_quad256(xu + r * k + 4 * q);
+            const __m256i x1 = broadcast_quad256(xu + r * k + 4 * q + 4);
+            for (int h = 0; h < H; ++h) {
+              const __m256i two = _mm256_add_epi16(_mm256_maddubs_epi16(v[h][q], x0),
+                                                   _mm256_maddubs_epi16(v[h][q + 1], x1));
+              if constexpr (B != 4)
+                block[h][r] = _mm256_add_epi32(block[h][r], _mm256_madd_epi16(two, sc_pairs[h]));
+              else if constexpr (decltype(is_first)::value)
+                part[h][r] = two;
+              else
+                part[h][r] = _mm256_add_epi16(part[h][r], two);
+            }
           }
       };
       unit_products(0, std::true_type{});
@@ -149,40 +166,47 @@ inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t 
 #pragma GCC unroll 1
       for (int u = 1; u < kGroupBytes / kUnitBytes; ++u) unit_products(u, std::false_type{});
       if constexpr (B == 4)
-        for (int r = 0; r < R; ++r)
-          block[r] = _mm256_add_epi32(block[r], _mm256_madd_epi16(part[r], sc_pairs));
+        for (int h = 0; h < H; ++h)
+          for (int r = 0; r < R; ++r)
+            block[h][r] = _mm256_add_epi32(block[h][r], _mm256_madd_epi16(part[h][r], sc_pairs[h]));
     }
     // Per row, the offsets' integer sums and Q6_K's + 32, pairs of groups a vpmaddwd.
-    __m256i offsets[R];
-    for (int r = 0; r < R; ++r) offsets[r] = _mm256_setzero_si256();
+    __m256i offsets[H][R];
+    for (int h = 0; h < H; ++h)
+      for (int r = 0; r < R; ++r) offsets[h][r] = _mm256_setzero_si256();
     for (int j = 0; j < S / 2; ++j) {
       const int64_t g0 = b * S + 2 * j;
-      const int64_t at = g0 * kLaneRows + half * kHalfRows;
-      __m256i min_pairs = _mm256_setzero_si256(), bias_pairs = _mm256_setzero_si256();
-      if constexpr (OFFSET) min_pairs = int16_pairs(half_lanes<false>(mins + at),
-                                                    half_lanes<false>(mins + at + kLaneRows));
-      if constexpr (SIGNED)
-        bias_pairs = int16_pairs(_mm256_slli_epi32(half_lanes<true>(scales + at), 5),
-                                 _mm256_slli_epi32(half_lanes<true>(scales + at + kLaneRows), 5));
-      for (int r = 0; r < R; ++r) {
-        int32_t both;
-        std::memcpy(&both, xsums + r * ng + g0, sizeof(both));
-        const __m256i xs = _mm256_set1_epi32(both);
-        if constexpr (OFFSET)
-          offsets[r] = _mm256_add_epi32(offsets[r], _mm256_madd_epi16(min_pairs, xs));
+      for (int h = 0; h < H; ++h) {
+        const int64_t at = g0 * kLaneRows + (half0 + h) * kHalfRows;
+        __m256i min_pairs = _mm256_setzero_si256(), bias_pairs = _mm256_setzero_si256();
+        if constexpr (OFFSET) min_pairs = int16_pairs(half_lanes<false>(mins + at),
+                                                      half_lanes<false>(mins + at + kLaneRows));
         if constexpr (SIGNED)
-          block[r] = _mm256_sub_epi32(block[r], _mm256_madd_epi16(bias_pairs, xs));
+          bias_pairs = int16_pairs(_mm256_slli_epi32(half_lanes<true>(scales + at), 5),
+                                   _mm256_slli_epi32(half_lanes<true>(scales + at + kLaneRows), 5));
+        for (int r = 0; r < R; ++r) {
+          int32_t both;
+          std::memcpy(&both, xsums + r * ng + g0, sizeof(both));
+          const __m256i xs = _mm256_set1_epi32(both);
+          if constexpr (OFFSET)
+            offsets[h][r] = _mm256_add_epi32(offsets[h][r], _mm256_madd_epi16(min_pairs, xs));
+          if constexpr (SIGNED)
+            block[h][r] = _mm256_sub_epi32(block[h][r], _mm256_madd_epi16(bias_pairs, xs));
+        }
       }
     }
-    const int64_t lanes = t * kLaneRows * ns + b * kLaneRows + half * kHalfRows;
-    const __m256 dv = super_half_lanes(w.super_scale, w.super_scale_half, lanes);
-    const __m256 dminv = OFFSET ? super_half_lanes(w.super_offset, w.super_offset_half, lanes)
-                                : _mm256_setzero_ps();
-    for (int r = 0; r < R; ++r) {
-      const __m256 dx = _mm256_set1_ps(xq.scale[(r0 + r) * ns + b]);
-      out[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[r]), _mm256_mul_ps(dv, dx), out[r]);
-      if constexpr (OFFSET)
-        out[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offsets[r]), _mm256_mul_ps(dminv, dx), out[r]);
+    for (int h = 0; h < H; ++h) {
+      const int64_t lanes = t * kLaneRows * ns + b * kLaneRows + (half0 + h) * kHalfRows;
+      const __m256 dv = super_half_lanes(w.super_scale, w.super_scale_half, lanes);
+      const __m256 dminv = OFFSET ? super_half_lanes(w.super_offset, w.super_offset_half, lanes)
+                                  : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r) {
+        const __m256 dx = _mm256_set1_ps(xq.scale[(r0 + r) * ns + b]);
+        out[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[h][r]), _mm256_mul_ps(dv, dx), out[h][r]);
+        if constexpr (OFFSET)
+          out[h][r] =
+              _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offsets[h][r]), _mm256_mul_ps(dminv, dx), out[h][r]);
+      }
     }
   }
 }
@@ -196,18 +220,21 @@ inline void put_half(__m256 y, int64_t row, int64_t col0, const QuantOut& sink) 
     _mm256_storeu_ps(sink.f32 + row * sink.n + col0, y);
 }
 
-// R rows of x (from r0) against tile t. Both halves of each super-block in turn: a tile's
-// codes stream from memory once, without a pause while a second pass reads them from L2
-// (batch 1, 1B Q4_K_M: 45.7 GB/s with a pass per half against 55.6 for the plain layout).
+// R rows of x (from r0) against tile t, super-block by super-block: both halves of each
+// before the next (together for few rows), so a tile's codes stream from memory once, without
+// a pause while a second pass reads them from L2 (batch 1, 1B Q4_K_M: 45.7 GB/s with a pass
+// per half of the whole tile against 55.6 for the plain layout).
 template <int B, int G, int S, bool SIGNED, bool OFFSET, int R>
 void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
                 const QuantOut& sink) {
+  constexpr int H = R <= kBothHalvesRows ? 2 : 1;
   __m256 y[2][R];
   for (int half = 0; half < 2; ++half)
     for (int r = 0; r < R; ++r) y[half][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.num_super; ++b)
-    for (int half = 0; half < 2; ++half)
-      half_super_block<B, G, S, SIGNED, OFFSET, R>(w, xq, r0, t, b, half, y[half]);
+    for (int half = 0; half < 2; half += H)
+      half_super_block<B, G, S, SIGNED, OFFSET, R, H>(w, xq, r0, t, b, half,
+                                                      reinterpret_cast<__m256 (*)[R]>(y[half]));
   for (int half = 0; half < 2; ++half)
     for (int r = 0; r < R; ++r)
       put_half(y[half][r], r0 + r, t * kLaneRows + half * kHalfRows, sink);
