@@ -27,9 +27,10 @@ constexpr int kLaneBlockRows = 8;  // rows of x per pass over a tile (3 x 8 accu
 // GMAC/s, at 2 rows (batch-1 shapes in cache) 63-77 -> 73-81 GB/s; a 128-token prefill
 // 1188-1211 -> 1160 ms.
 inline __m512i dpbusd_broadcast(__m512i acc, __m512i v, const int8_t* p) {
+  using Quad = int32_t __attribute__((may_alias));  // x's codes are int8: read as one word
   __asm__("vpdpbusd %2%{1to16%}, %1, %0"
           : "+v"(acc)
-          : "v"(v), "m"(*reinterpret_cast<const int32_t*>(p)));
+          : "v"(v), "m"(*reinterpret_cast<const Quad*>(p)));
   return acc;
 }
 

@@ -202,10 +202,12 @@ inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t 
                                   : _mm256_setzero_ps();
       for (int r = 0; r < R; ++r) {
         const __m256 dx = _mm256_set1_ps(xq.scale[(r0 + r) * ns + b]);
-        out[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[h][r]), _mm256_mul_ps(dv, dx), out[h][r]);
-        if constexpr (OFFSET)
-          out[h][r] =
-              _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offsets[h][r]), _mm256_mul_ps(dminv, dx), out[h][r]);
+        const __m256 scale = _mm256_mul_ps(dv, dx);
+        out[h][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(block[h][r]), scale, out[h][r]);
+        if constexpr (OFFSET) {
+          const __m256 offset_scale = _mm256_mul_ps(dminv, dx);
+          out[h][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(offsets[h][r]), offset_scale, out[h][r]);
+        }
       }
     }
   }
