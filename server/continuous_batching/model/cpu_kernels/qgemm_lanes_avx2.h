@@ -235,8 +235,7 @@ void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t
     for (int r = 0; r < R; ++r) y[half][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.num_super; ++b)
     for (int half = 0; half < 2; half += H)
-      half_super_block<B, G, S, SIGNED, OFFSET, R, H>(w, xq, r0, t, b, half,
-                                                      reinterpret_cast<__m256 (*)[R]>(y[half]));
+      half_super_block<B, G, S, SIGNED, OFFSET, R, H>(w, xq, r0, t, b, half, &y[half]);
   for (int half = 0; half < 2; ++half)
     for (int r = 0; r < R; ++r)
       put_half(y[half][r], r0 + r, t * kLaneRows + half * kHalfRows, sink);
