@@ -29,6 +29,7 @@ from typing import Any
 import httpx
 
 from benchmarks import run_environment, write_json
+from benchmarks.families import add_shape_argument
 from benchmarks.gpu import REPO_ROOT
 from benchmarks.real_size_serving import (
     MODEL_NAME,
@@ -100,12 +101,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--types", nargs="+", default=["Q4_K_M", "Q8_0"], help="GGUF types")
     p.add_argument("--rounds", type=int, default=12, help="requests to each server (12)")
     p.add_argument("--max-tokens", type=int, default=200, help="tokens per request (200)")
-    p.add_argument(
-        "--shape",
-        choices=("1b", "3b", "tiny"),
-        default="1b",
-        help="the random llama: Llama-3.2-1B's or 3B's body (benchmarks.families), tiny: smoke",
-    )
+    add_shape_argument(p)
     p.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
     add_llama_cpp_isa(p)
     p.add_argument("--port", type=int, default=18400, help="ours; llama-server at +10")

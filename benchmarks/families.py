@@ -239,15 +239,20 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """The command line (see the module docstring)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_shape_argument(parser: argparse.ArgumentParser) -> None:
+    """``--shape``: the body ``body_fields`` builds (here and in the real-size benchmarks)."""
     parser.add_argument(
         "--shape",
         choices=["1b", "3b", "tiny"],
         default="1b",
         help="1b: Llama-3.2-1B's body; 3b: Llama-3.2-3B's (dense families); tiny: smoke run",
     )
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (see the module docstring)."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_shape_argument(parser)
     parser.add_argument("--families", nargs="+", choices=list(FAMILIES), default=list(FAMILIES))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--prompt-len", type=int, default=64)

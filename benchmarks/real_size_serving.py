@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from benchmarks import load_average, run_environment, wait_for_quiet_machine, write_json
-from benchmarks.families import build_checkpoint
+from benchmarks.families import add_shape_argument, build_checkpoint
 from benchmarks.gpu import DEFAULT_TOKENIZER, REPO_ROOT
 from benchmarks.real_size import TOKENIZER_FILES, make_ggufs
 from benchmarks.vllm_peer import DEFAULT_VLLM_VENV, port_is_free, running_server, vllm_command
@@ -269,12 +269,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     rate_help = "also Poisson arrivals at these request rates, no concurrency cap (TTFT)"
     p.add_argument("--rates", nargs="*", type=float, default=[], help=rate_help)
     p.add_argument("--rate-prompts", type=int, default=16, help="prompts per rate run (16)")
-    p.add_argument(
-        "--shape",
-        choices=("1b", "3b", "tiny"),
-        default="1b",
-        help="the random llama: Llama-3.2-1B's or 3B's body (benchmarks.families), tiny: smoke",
-    )
+    add_shape_argument(p)
     p.add_argument("--threads", type=int, default=2, help="threads of each server (2)")
     add_llama_cpp_isa(p)
     p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)

@@ -93,8 +93,8 @@ inline void five_bit_quads256(const uint8_t* p, __m256i v[8]) {
 // Both halves in one pass (H = 2) share each broadcast of x and the loop's overhead: few rows
 // only, as their sums take twice the registers.
 template <int B, int G, int S, bool SIGNED, bool OFFSET, int R, int H>
-inline void half_super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
-                             int64_t b, int half0, __m256 out[H][R]) {
+inline void halves_super_block(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t,
+                               int64_t b, int half0, __m256 out[H][R]) {
   static_assert(B == 4 || B == 5 || B == 6, "4-, 5- or 6-bit tiles");
   static_assert(H == 1 || H == 2, "one half or both");
   constexpr int kGroupBytes = G * kLaneRows * B / 8;
@@ -235,7 +235,7 @@ void lanes_rows(const QuantWeight& w, const SuperRows& xq, int64_t r0, int64_t t
     for (int r = 0; r < R; ++r) y[half][r] = _mm256_setzero_ps();
   for (int64_t b = 0; b < w.num_super; ++b)
     for (int half = 0; half < 2; half += H)
-      half_super_block<B, G, S, SIGNED, OFFSET, R, H>(w, xq, r0, t, b, half, &y[half]);
+      halves_super_block<B, G, S, SIGNED, OFFSET, R, H>(w, xq, r0, t, b, half, &y[half]);
   for (int half = 0; half < 2; ++half)
     for (int r = 0; r < R; ++r)
       put_half(y[half][r], r0 + r, t * kLaneRows + half * kHalfRows, sink);
